@@ -1,0 +1,46 @@
+"""Counting DDP's gradient all-reduces: a comm hook that logs, then averages as usual.
+
+DDP groups gradients into buckets and, once every gradient in a bucket is ready,
+all-reduces the bucket's flat buffer. A comm hook replaces that all-reduce; ours counts
+the call and its bytes, then does exactly what DDP's default does (divide by the world
+size, sum across ranks), so training is unchanged. Under `no_sync()` DDP calls no hook
+at all, which is how a notebook can *see* accumulation divide communication by k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommStats:
+    """Running totals of the gradient all-reduces one DDP model has issued."""
+
+    allreduces: int = 0  # one per bucket per synchronising backward
+    bytes: int = 0  # payload all-reduced by this rank (bucket buffer sizes)
+    buckets_seen: set[int] = field(default_factory=set)  # bucket indices that were reduced
+    process_group: dist.ProcessGroup | None = field(default=None, repr=False)
+
+    def reset(self) -> None:
+        self.allreduces = 0
+        self.bytes = 0
+        self.buckets_seen.clear()
+
+
+def counting_allreduce_hook(
+    stats: CommStats, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: count this bucket, then average it across ranks like DDP's default."""
+    buffer = bucket.buffer()  # flat 1-D tensor: this bucket's gradients side by side
+    stats.allreduces += 1
+    stats.bytes += buffer.numel() * buffer.element_size()
+    stats.buckets_seen.add(bucket.index())
+
+    group = stats.process_group if stats.process_group is not None else dist.group.WORLD
+    # Divide before summing (as DDP does) so low-precision gradients don't overflow.
+    buffer.div_(dist.get_world_size(group))
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])

@@ -1,0 +1,128 @@
+"""Process-group setup: one place that knows torchrun's environment variables.
+
+torchrun (and `zbkit.launch`) start one process per rank. torchrun describes each
+process with environment variables:
+
+    RANK        global rank, 0 .. WORLD_SIZE-1, unique across all machines
+    WORLD_SIZE  number of processes in the job
+    LOCAL_RANK  rank on *this* machine: the GPU index this process should use
+    LOCAL_WORLD_SIZE  processes on this machine
+    MASTER_ADDR / MASTER_PORT  where rank 0 listens for the rendezvous
+
+The helpers below answer from the live process group when there is one, from the
+environment before `init_distributed()` has run, and with the single-process answer
+(rank 0 of 1) when there is neither, so the same script runs under `python`,
+`torchrun` and inside `zbkit.launch`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["get_local_rank", "get_rank", "get_world_size", "init_distributed"]
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"environment variable {name}={value!r} is not an integer; torchrun sets it to "
+            f"one, so unset it or fix it before starting"
+        ) from None
+
+
+def _is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """Global rank of this process (0 with no process group and no torchrun environment)."""
+    if _is_initialized():
+        return dist.get_rank()
+    rank = _env_int("RANK")
+    return 0 if rank is None else rank
+
+
+def get_world_size() -> int:
+    """Number of processes in the job (1 with no process group and no torchrun environment)."""
+    if _is_initialized():
+        return dist.get_world_size()
+    world = _env_int("WORLD_SIZE")
+    return 1 if world is None else world
+
+
+def get_local_rank() -> int:
+    """Rank of this process on its machine: the index of the GPU it should drive.
+
+    torchrun sets LOCAL_RANK. Without it we derive it: RANK % LOCAL_WORLD_SIZE when the
+    per-machine count is known, else the global rank (one machine, as in `zbkit.launch`).
+    On a second machine the global rank is 8..15 while its GPUs are 0..7, which is why
+    device placement must use this and never `get_rank()`.
+    """
+    local = _env_int("LOCAL_RANK")
+    if local is not None:
+        return local
+    rank = get_rank()
+    per_machine = _env_int("LOCAL_WORLD_SIZE")
+    return rank % per_machine if per_machine else rank
+
+
+def init_distributed(
+    backend: str | None = None, *, timeout: timedelta | float = timedelta(minutes=5)
+) -> bool:
+    """Join the job's process group; returns True when a process group is active afterwards.
+
+    - A process group already exists (inside `zbkit.launch`, or a second call): it is kept
+      as it is, never initialised twice, and `backend` is ignored.
+    - torchrun's RANK and WORLD_SIZE are set: initialise from the environment (`env://`),
+      with `backend` defaulting to "nccl" when CUDA is available and "gloo" otherwise. With
+      NCCL the current CUDA device becomes cuda:LOCAL_RANK.
+    - Neither: a plain single process; nothing is initialised and False is returned.
+
+    `timeout` (a timedelta or seconds) bounds the rendezvous and every collective, so a
+    missing rank fails with an error instead of hanging.
+    """
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed; install a build with it")
+    if _is_initialized():
+        return True
+
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None and world is None:
+        return False  # plain `python script.py`: single process, no group to join
+    if rank is None or world is None:
+        missing = "RANK" if rank is None else "WORLD_SIZE"
+        raise RuntimeError(
+            f"{missing} is not set but {'WORLD_SIZE' if rank is None else 'RANK'} is: start "
+            f"the script with torchrun (which sets both) or set both by hand"
+        )
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={world})")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise RuntimeError(
+                f"{name} is not set: torchrun sets it; when starting ranks by hand, set "
+                f"MASTER_ADDR and MASTER_PORT to rank 0's address and a free port"
+            )
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend='nccl' needs CUDA GPUs; use backend='gloo' on CPU")
+        # Each process drives the GPU with its LOCAL rank's index (not the global rank).
+        torch.cuda.set_device(get_local_rank())
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    dist.init_process_group(
+        backend=backend, init_method="env://", rank=rank, world_size=world, timeout=timeout
+    )
+    return True
