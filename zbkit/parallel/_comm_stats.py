@@ -7,8 +7,8 @@ size, sum across ranks), so training is unchanged. Under `no_sync()` DDP calls n
 at all, which is how a notebook can *see* accumulation divide communication by k.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: DDP's register_comm_hook inspects the
+# hook's annotations at runtime and wants the real dist.GradBucket / Future classes.
 from dataclasses import dataclass, field
 
 import torch
@@ -22,12 +22,17 @@ class CommStats:
     allreduces: int = 0  # one per bucket per synchronising backward
     bytes: int = 0  # payload all-reduced by this rank (bucket buffer sizes)
     buckets_seen: set[int] = field(default_factory=set)  # bucket indices that were reduced
+    # all-reduces of each synchronising backward. DDP's first one uses a single bucket
+    # holding every gradient; it then rebuilds buckets (<= bucket_cap_mb each) in the
+    # order gradients became ready, so with small caps this reads [1, n, n, ...].
+    per_backward: list[int] = field(default_factory=list)
     process_group: dist.ProcessGroup | None = field(default=None, repr=False)
+    _in_backward: int = field(default=0, repr=False)
 
     def reset(self) -> None:
-        self.allreduces = 0
-        self.bytes = 0
+        self.allreduces = self.bytes = self._in_backward = 0
         self.buckets_seen.clear()
+        self.per_backward.clear()
 
 
 def counting_allreduce_hook(
@@ -38,6 +43,10 @@ def counting_allreduce_hook(
     stats.allreduces += 1
     stats.bytes += buffer.numel() * buffer.element_size()
     stats.buckets_seen.add(bucket.index())
+    stats._in_backward += 1
+    if bucket.is_last():  # the backward's last bucket: close its tally
+        stats.per_backward.append(stats._in_backward)
+        stats._in_backward = 0
 
     group = stats.process_group if stats.process_group is not None else dist.group.WORLD
     # Divide before summing (as DDP does) so low-precision gradients don't overflow.
