@@ -1,0 +1,100 @@
+"""Small models reused by the demo, tests, benchmarks and notebooks.
+
+Each is tiny on purpose: big enough to have the graph shapes that make split
+backward interesting (residuals, shared weights, multi-output nodes), small
+enough to run on a laptop CPU in milliseconds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused qkv projection."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape  # (batch, tokens, dim)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x (b, t, d)
+        # (b, t, d) -> (b, heads, t, d / heads)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, heads, t, d / heads)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then + mlp(ln(.))."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class ResidualMLPBlock(nn.Module):
+    """x + Linear(4d -> d)(GELU(Linear(d -> 4d)(LayerNorm(x)))): the benchmark's block."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.ln(x))))
+
+
+class MLP(nn.Module):
+    def __init__(self, sizes: tuple[int, ...] = (8, 16, 16, 4)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        self.net = nn.Sequential(*layers[:-1])  # no activation after the last layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SmallConvNet(nn.Module):
+    def __init__(self, channels: int = 3, classes: int = 5) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2)
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (b, channels, h, w)
+        x = F.relu(self.bn(self.conv1(x)))
+        x = F.relu(self.conv2(x))  # (b, 8, h', w')
+        return self.head(x.mean(dim=(2, 3)))  # (b, classes)
+
+
+class TiedLM(nn.Module):
+    """Embedding whose weight is reused as the output projection (tied weights)."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.block = ResidualMLPBlock(dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: (b, t) -> logits (b, t, vocab)
+        return self.block(self.embed(ids)) @ self.embed.weight.T

@@ -1,0 +1,32 @@
+"""Split a stage's backward into an input pass (I) and a weight pass (W), exactly.
+
+Pure torch, no distributed code. See DESIGN.md, section zbkit.splitgrad.
+"""
+
+from zbkit.splitgrad._backward import (
+    BackwardInputResult,
+    stage_backward_full,
+    stage_backward_input,
+    stage_backward_weight,
+)
+from zbkit.splitgrad._directions import GradDirection, grad_directions, needs_direction
+from zbkit.splitgrad._graph import build_reverse_graph, grad_node, reverse_closure
+from zbkit.splitgrad._groups import ParamGroup, group_params
+from zbkit.splitgrad.analysis import SplitGradAnalysis, analyze
+
+__all__ = [
+    "BackwardInputResult",
+    "GradDirection",
+    "ParamGroup",
+    "SplitGradAnalysis",
+    "analyze",
+    "build_reverse_graph",
+    "grad_directions",
+    "grad_node",
+    "group_params",
+    "needs_direction",
+    "reverse_closure",
+    "stage_backward_full",
+    "stage_backward_input",
+    "stage_backward_weight",
+]

@@ -1,0 +1,234 @@
+"""Full, input-only (I) and weight-only (W) backward of a pipeline stage.
+
+    I: one engine call from the outputs to the stage inputs. Prehooks on the
+       intermediates (see _groups) record the gradients arriving there.
+    W: per parameter group, one engine call from those intermediates (with the
+       recorded gradients) and from outputs outside the input closure, to the
+       group's parameters. AccumulateGrad adds into `.grad` as usual.
+
+After I then W every `.grad` equals what one `torch.autograd.backward` gives.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+
+from zbkit.splitgrad._directions import GradDirection, grad_directions
+from zbkit.splitgrad._graph import build_reverse_graph, grad_node
+from zbkit.splitgrad._groups import ParamGroup, group_params
+
+_BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
+
+
+@dataclass(eq=False)
+class BackwardInputResult:
+    input_grads: list[torch.Tensor | None]  # one per stage input (None: does not require grad)
+    param_groups: list[ParamGroup]  # hand these to stage_backward_weight
+
+
+def _check_tensors(name: str, values: Sequence) -> list[torch.Tensor]:
+    values = list(values)
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name}[{i}] must be a Tensor, got {type(v).__name__}")
+    return values
+
+
+def _roots(
+    outputs: Sequence[torch.Tensor], output_grads: Sequence[torch.Tensor | None] | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The (output, gradient) pairs a backward starts from; skips what carries no gradient."""
+    outputs = _check_tensors("outputs", outputs)
+    if output_grads is None:
+        for i, out in enumerate(outputs):
+            if out.requires_grad and out.numel() != 1:
+                raise ValueError(
+                    f"output_grads=None means scalar losses, but outputs[{i}] has shape "
+                    f"{tuple(out.shape)}; pass its gradient in output_grads"
+                )
+        output_grads = [torch.ones_like(o) if o.requires_grad else None for o in outputs]
+    elif len(output_grads) != len(outputs):
+        raise ValueError(
+            f"got {len(outputs)} outputs but {len(output_grads)} output_grads; "
+            "pass one gradient (or None) per output"
+        )
+    tensors, grads = [], []
+    for i, (out, g) in enumerate(zip(outputs, output_grads, strict=True)):
+        if g is None or not out.requires_grad:
+            continue  # None: this output receives no gradient
+        if g.shape != out.shape:
+            raise ValueError(
+                f"output_grads[{i}] has shape {tuple(g.shape)} but outputs[{i}] has "
+                f"shape {tuple(out.shape)}"
+            )
+        tensors.append(out)
+        grads.append(g)
+    return tensors, grads
+
+
+def stage_backward_full(
+    outputs: Sequence[torch.Tensor],
+    output_grads: Sequence[torch.Tensor | None] | None,
+    inputs: Sequence[torch.Tensor],
+) -> list[torch.Tensor | None]:
+    """Plain backward: returns the inputs' gradients, accumulates parameters' `.grad`.
+
+    `inputs[i].grad` is left as it was (the gradient is returned instead).
+    """
+    inputs = _check_tensors("inputs", inputs)
+    tensors, grads = _roots(outputs, output_grads)
+    result: list[torch.Tensor | None] = [None] * len(inputs)
+    saved = [x.grad if x.is_leaf else None for x in inputs]
+    handles = []
+
+    def store(i: int, g: torch.Tensor) -> None:
+        result[i] = g if result[i] is None else result[i] + g
+
+    for i, x in enumerate(inputs):
+        if x.requires_grad and x.is_leaf:
+            x.grad = None  # AccumulateGrad then writes exactly this backward's gradient
+        elif x.requires_grad:  # a non-leaf input: catch its gradient on the way through
+            handles.append(x.register_hook(functools.partial(store, i)))
+    try:
+        if tensors:
+            with grad_directions(*_BOTH):
+                torch.autograd.backward(tensors, grads)
+    finally:
+        for h in handles:
+            h.remove()
+        for i, x in enumerate(inputs):
+            if x.requires_grad and x.is_leaf:
+                result[i] = x.grad
+                x.grad = saved[i]
+    return result
+
+
+def _capture(slots: list, i: int, grad_outputs: tuple) -> None:
+    slots[i] = grad_outputs  # the whole tuple: one gradient per output edge of the node
+
+
+def stage_backward_input(
+    outputs: Sequence[torch.Tensor],
+    output_grads: Sequence[torch.Tensor | None] | None,
+    inputs: Sequence[torch.Tensor],
+    weights: Iterable[torch.Tensor],
+) -> BackwardInputResult:
+    """I: the inputs' gradients now; everything W needs is kept in the returned groups.
+
+    No parameter's `.grad` changes. Call `stage_backward_weight` with the same
+    weights and `result.param_groups` later (after any number of other I passes).
+    """
+    inputs = _check_tensors("inputs", inputs)
+    weights = _check_tensors("weights", list(weights))
+    tensors, grads = _roots(outputs, output_grads)
+
+    # node of each weight; tied weights share one AccumulateGrad node
+    weight_of: dict[Node, torch.Tensor] = {}
+    for w in weights:
+        node = grad_node(w)
+        if node is not None:
+            weight_of.setdefault(node, w)
+    out_edges = [get_gradient_edge(t) for t in tensors]
+    input_nodes = [grad_node(x) for x in inputs if x.requires_grad]
+
+    reverse = build_reverse_graph([e.node for e in out_edges])
+    groups = group_params(
+        input_nodes, list(weight_of), reverse, output_nodes=[e.node for e in out_edges]
+    )
+
+    edges_at: dict[Node, list[int]] = {}
+    for k, e in enumerate(out_edges):
+        edges_at.setdefault(e.node, []).append(k)
+    handles = []
+    try:
+        for group in groups:
+            group.tensors = [weight_of[p] for p in group.param_order]
+            for root in group.roots:  # outputs outside the input closure start W directly
+                for k in edges_at.get(root, ()):
+                    group.root_edges.append(out_edges[k])
+                    group.root_grads.append(grads[k])
+            group.grads = [None] * len(group.intermediates)
+            for i, node in enumerate(group.intermediates):
+                handles.append(node.register_prehook(functools.partial(_capture, group.grads, i)))
+
+        wanted = [x for x in inputs if x.requires_grad]
+        found: tuple = ()
+        if wanted and tensors:  # first stage: nothing to do here, W does it all
+            with grad_directions(GradDirection.INPUT):
+                found = torch.autograd.grad(
+                    tensors, wanted, grads, retain_graph=True, allow_unused=True
+                )
+    finally:
+        for h in handles:
+            h.remove()  # hooks hold the groups; removing them breaks the cycle
+    found_iter = iter(found)
+    input_grads = [next(found_iter, None) if x.requires_grad else None for x in inputs]
+    return BackwardInputResult(input_grads=input_grads, param_groups=groups)
+
+
+def _clamp(captured: tuple | None, grad_outputs: tuple) -> tuple:
+    # W may reach this intermediate from a later one of the same group; what
+    # arrives then is already part of `captured`, so replace it, never add
+    return captured if captured is not None else tuple(None for _ in grad_outputs)
+
+
+def _run_group(group: ParamGroup, retain_graph: bool) -> None:
+    if group.intermediates is None:
+        raise RuntimeError(
+            "this ParamGroup's weight pass already ran; run stage_backward_input again "
+            "(a new forward) before another stage_backward_weight"
+        )
+    edges, grads = list(group.root_edges), list(group.root_grads)
+    for node, captured in zip(group.intermediates, group.grads or (), strict=False):
+        for k, g in enumerate(captured or ()):
+            if g is not None:
+                edges.append(GradientEdge(node, k))
+                grads.append(g)
+    handles = []
+    try:
+        if len(group.intermediates) > 1:
+            for node, captured in zip(group.intermediates, group.grads, strict=True):
+                handles.append(node.register_prehook(functools.partial(_clamp, captured)))
+        if edges:
+            dirs = _BOTH if group.needs_both_directions else (GradDirection.WEIGHT,)
+            with grad_directions(*dirs):
+                torch.autograd.backward(
+                    edges, grads, inputs=group.tensors, retain_graph=retain_graph
+                )
+    finally:
+        for h in handles:
+            h.remove()
+        # drop every reference to the graph and the captured gradients
+        group.intermediates = None
+        group.grads = None
+        group.root_edges = []
+        group.root_grads = []
+        group.tensors = []
+
+
+def stage_backward_weight(
+    weights: Iterable[torch.Tensor],
+    param_groups: list[ParamGroup],
+    retain_graph: bool = False,
+) -> tuple[torch.Tensor | None, ...]:
+    """W: accumulate (add) the weight gradients of one I pass into `.grad`.
+
+    Returns the weights' `.grad` after the call. `param_groups` are the groups
+    of one `stage_backward_input`; each group's W runs once.
+    """
+    weights = _check_tensors("weights", list(weights))
+    # A group with several intermediates replays the C path between them, which
+    # may cross other groups' intermediates: run those first and keep the graph.
+    # A group with one intermediate only touches its own nodes, so it may free them.
+    shared = [g for g in param_groups if g.intermediates is not None and len(g.intermediates) > 1]
+    single = [g for g in param_groups if g not in shared]
+    for group in shared:
+        _run_group(group, retain_graph=True)
+    for group in single:
+        _run_group(group, retain_graph=retain_graph)
+    return tuple(w.grad for w in weights)

@@ -1,0 +1,146 @@
+"""`analyze`: the split-backward analysis of a stage, with names a learner can read."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import graphviz
+import torch
+from torch import nn
+from torch.autograd.graph import Node
+
+from zbkit.splitgrad._graph import build_reverse_graph, grad_node, ordered_closure
+from zbkit.splitgrad._groups import ParamGroup, group_params
+
+
+@dataclass(eq=False)
+class GroupInfo:
+    """One ParamGroup, named."""
+
+    index: int
+    param_names: list[str]  # as module.named_parameters() names them
+    intermediates: list[str]  # labels of the nodes where W starts (inside the input closure)
+    outputs: list[str]  # labels of outputs outside the input closure that feed these params
+    group: ParamGroup = field(repr=False)
+
+
+@dataclass(eq=False)
+class SplitGradAnalysis:
+    groups: list[GroupInfo]
+    input_closure: set[Node]  # the nodes the input pass (I) executes
+    reverse_graph: dict[Node, list[Node]]  # node -> nodes that consume it
+    labels: dict[Node, str]  # a readable, unique label per node
+    unused_params: list[str]  # trainable, but the outputs do not depend on them
+    frozen_params: list[str]  # requires_grad=False
+
+    def __repr__(self) -> str:
+        lines = [
+            f"SplitGradAnalysis: {len(self.reverse_graph)} nodes, "
+            f"{len(self.input_closure)} in the input closure, {len(self.groups)} param groups"
+        ]
+        for g in self.groups:
+            starts = ", ".join(g.intermediates + [f"output {o}" for o in g.outputs])
+            lines.append(f"  group {g.index}: {', '.join(g.param_names)}  <- W starts at {starts}")
+        if self.unused_params:
+            lines.append(f"  unused: {', '.join(self.unused_params)}")
+        if self.frozen_params:
+            lines.append(f"  frozen: {', '.join(self.frozen_params)}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        rows = "".join(
+            f"<tr><td>{g.index}</td><td>{esc(', '.join(g.param_names))}</td>"
+            f"<td>{esc(', '.join(g.intermediates) or '-')}</td>"
+            f"<td>{esc(', '.join(g.outputs) or '-')}</td></tr>"
+            for g in self.groups
+        )
+        extra = ""
+        if self.unused_params:
+            extra += f"<p>unused: {esc(', '.join(self.unused_params))}</p>"
+        if self.frozen_params:
+            extra += f"<p>frozen: {esc(', '.join(self.frozen_params))}</p>"
+        return (
+            f"<p><b>SplitGradAnalysis</b>: {len(self.reverse_graph)} autograd nodes, "
+            f"{len(self.input_closure)} run in the input pass, {len(self.groups)} groups</p>"
+            "<table><tr><th>group</th><th>parameters</th><th>W starts at (intermediates)</th>"
+            f"<th>outputs outside I</th></tr>{rows}</table>{extra}"
+        )
+
+    def to_dot(self) -> graphviz.Digraph:
+        """The autograd graph in forward direction; I nodes blue, W start points orange."""
+        dot = graphviz.Digraph("splitgrad", graph_attr={"rankdir": "TB"})
+        dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="10")
+        ids = {node: f"n{i}" for i, node in enumerate(self.reverse_graph)}
+        starts = {n for g in self.groups for n in g.group.intermediates or ()}
+        params = {n for g in self.groups for n in g.group.params}
+        for node, nid in ids.items():
+            if node in starts:
+                color = "orange"
+            elif node in self.input_closure:
+                color = "lightblue"
+            elif node in params:
+                color = "palegreen"
+            else:
+                color = "white"
+            dot.node(nid, self.labels[node], fillcolor=color)
+        for node, users in self.reverse_graph.items():
+            for user in users:
+                dot.edge(ids[node], ids[user])  # producer -> consumer, as the forward ran
+        return dot
+
+
+def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def analyze(
+    outputs: torch.Tensor | Sequence[torch.Tensor],
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    module: nn.Module,
+) -> SplitGradAnalysis:
+    """Analyse how a stage's backward splits, without running it."""
+    outputs, inputs = _as_list(outputs), _as_list(inputs)
+    out_nodes = [grad_node(o) for o in outputs]
+    input_nodes = [grad_node(x) for x in inputs if x.requires_grad]
+    named = list(module.named_parameters())  # tied parameters appear once, first name wins
+    param_name = {grad_node(p): n for n, p in named if p.requires_grad}
+
+    reverse = build_reverse_graph(out_nodes)
+    closure, _ = ordered_closure(input_nodes, (), reverse)
+    groups = group_params(input_nodes, list(param_name), reverse, output_nodes=out_nodes)
+
+    labels: dict[Node, str] = {}
+    counts: dict[str, int] = {}
+    input_label = {n: f"input[{i}]" for i, x in enumerate(inputs) if (n := grad_node(x))}
+    for node in reverse:
+        if node in param_name:
+            labels[node] = param_name[node]
+        elif node in input_label:
+            labels[node] = input_label[node]
+        else:
+            name = node.name()
+            counts[name] = counts.get(name, 0) + 1
+            labels[node] = f"{name}#{counts[name]}"
+
+    infos = [
+        GroupInfo(
+            index=i,
+            param_names=[param_name[p] for p in g.param_order],
+            intermediates=[labels[n] for n in g.intermediates],
+            outputs=[labels[n] for n in g.roots],
+            group=g,
+        )
+        for i, g in enumerate(groups)
+    ]
+    grouped = {p for g in groups for p in g.params}
+    return SplitGradAnalysis(
+        groups=infos,
+        input_closure=set(closure),
+        reverse_graph=reverse,
+        labels=labels,
+        unused_params=[n for node, n in param_name.items() if node not in grouped],
+        frozen_params=[n for n, p in named if not p.requires_grad],
+    )
