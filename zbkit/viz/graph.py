@@ -1,0 +1,262 @@
+"""`draw_graph`: a stage's autograd graph, with its ParamGroups and split points.
+
+What the picture says (see the legend it carries):
+- yellow boxes are parameters (named by module path), blue / red houses the inputs / outputs;
+- grey ops are the inputs' closure: the nodes the input-gradient pass (I) runs through;
+  white ops lie only on parameter paths and run in the weight pass (W);
+- each ParamGroup is a coloured cluster, holding its parameters and the W-only ops above them;
+- red-bordered ops are split points (the group's intermediates), where I stops and W starts.
+Edges point the way the forward ran (producer -> consumer), so parameters sit at the top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import graphviz
+import torch
+
+from zbkit.viz import _colors as c
+from zbkit.viz._autograd import GNode, Walk, assign_modules, depth_of, node_shape, shape_text, walk
+from zbkit.viz._dot import ZbDigraph, legend, shorten
+
+Phase = Literal["F", "I", "W"]
+
+
+def _is_tensors(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) or (
+        isinstance(x, Sequence) and len(x) > 0 and all(isinstance(t, torch.Tensor) for t in x)
+    )
+
+
+def _unpack(obj: Any, inputs: Any, module: torch.nn.Module | None) -> tuple[Walk, Any]:
+    """(walk, analysis) from a SplitGradAnalysis, or from output tensors (analysed here)."""
+    from zbkit.splitgrad import analyze, grad_node
+
+    if _is_tensors(obj):
+        outputs = [obj] if isinstance(obj, torch.Tensor) else list(obj)
+        for i, t in enumerate(outputs):
+            if grad_node(t) is None:
+                raise ValueError(
+                    f"output {i} (shape {tuple(t.shape)}) does not require grad: nothing it "
+                    "depends on requires grad, so there is no autograd graph to draw"
+                )
+        ins = [] if inputs is None else [inputs] if isinstance(inputs, torch.Tensor) else inputs
+        # without a module the graph is still drawn, with parameters unnamed and no groups
+        analysis = analyze(outputs, list(ins), module if module is not None else torch.nn.Module())
+        roots = [grad_node(t) for t in outputs]
+        shapes = [tuple(t.shape) for t in outputs]
+    elif hasattr(obj, "reverse_graph") and hasattr(obj, "groups"):
+        analysis = obj
+        # the outputs are the nodes nobody consumes, first in the reverse graph's order
+        roots = [n for n, users in analysis.reverse_graph.items() if not users]
+        shapes = [node_shape(n) for n in roots]
+    else:
+        raise TypeError(
+            "draw_graph takes a SplitGradAnalysis (from zbkit.splitgrad.analyze) or the "
+            f"stage's output tensor(s); got {type(obj).__name__}"
+        )
+    labels: dict[Any, str] = analysis.labels
+    input_nodes = {
+        n: int(label[len("input[") : -1])
+        for n, label in labels.items()
+        if label.startswith("input[")
+    }
+    # analyze labels a parameter by its name and every other node "Name#k"
+    param_names = {
+        n: label
+        for n, label in labels.items()
+        if hasattr(n, "variable") and "#" not in label and n not in input_nodes
+    }
+    return walk(roots, shapes, input_nodes, param_names), analysis
+
+
+def _w_regions(w: Walk, closure: set[Any], groups: list[Any]) -> dict[str, int]:
+    """node id -> group index, for parameters and the ops only the weight pass runs."""
+    owner: dict[str, int] = {}
+    for i, group in enumerate(groups):
+        for node in group.params:
+            if node in w.by_node:
+                owner[w.by_node[node].id] = i
+    # An op outside the closure leads only to parameters, all of one group (had it reached two
+    # groups' parameters, the closure node above it would have merged those groups).
+    changed = True
+    while changed:
+        changed = False
+        for g in w.nodes:
+            if g.id in owner or g.kind != "op" or g.node in closure:
+                continue
+            for child in g.children:
+                if child.id in owner:
+                    owner[g.id] = owner[child.id]
+                    changed = True
+                    break
+    return owner
+
+
+def _auto_depth(w: Walk, max_nodes: int) -> int | None:
+    """The finest module depth whose collapsed graph has at most `max_nodes` boxes."""
+    if len(w.nodes) <= max_nodes:
+        return None
+    deepest = max((depth_of(g.module) for g in w.nodes), default=0)
+    for d in range(deepest, 0, -1):
+        keys = {
+            ".".join(g.module.split(".")[:d]) if depth_of(g.module) >= d else g.id for g in w.nodes
+        }
+        if len(keys) <= max_nodes:
+            return d
+    return 1
+
+
+def _phase_fill(in_closure: bool, phases: bool, highlight: Phase | None) -> tuple[str, bool]:
+    """(fill colour, dimmed?) of a node that runs in I (in the closure) or in W."""
+    if highlight == "F":
+        return c.KIND_COLORS["F"], False
+    if highlight is not None:
+        runs = "I" if in_closure else "W"
+        return (c.KIND_COLORS[runs], False) if runs == highlight else (c.DIM_FILL, True)
+    if phases:
+        return c.KIND_COLORS["I" if in_closure else "W"], False
+    return (c.CLOSURE_FILL if in_closure else "white"), False
+
+
+def draw_graph(
+    analysis_or_outputs: Any,
+    inputs: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    module: torch.nn.Module | None = None,
+    *,
+    phases: bool = False,
+    highlight: Phase | None = None,
+    group: int | None = None,
+    depth: int | None = None,
+    max_nodes: int = 40,
+    show_legend: bool = True,
+    title: str | None = None,
+) -> graphviz.Digraph:
+    """Draw a stage's autograd graph.
+
+    Args:
+        analysis_or_outputs: a `SplitGradAnalysis`, or the stage's output tensor(s) (then give
+            `inputs` and `module` for names, groups and the closure).
+        phases: colour ops by the pass that runs them: I (input closure) or W.
+        highlight: "F", "I" or "W": colour only what that pass runs, dim the rest.
+        group: index of a ParamGroup to highlight (the others are dimmed).
+        depth: collapse ops into one box per module at this depth (`layers.3` is depth 2);
+            by default only when the graph has more than `max_nodes` nodes.
+    """
+    if highlight not in (None, "F", "I", "W"):
+        raise ValueError(f"highlight={highlight!r}; use 'F', 'I', 'W' or None")
+    w, analysis = _unpack(analysis_or_outputs, inputs, module)
+    assign_modules(w)
+    groups = [g.group for g in analysis.groups]  # GroupInfo -> its ParamGroup (nodes)
+    names = [list(g.param_names) for g in analysis.groups]
+    if group is not None and not 0 <= group < len(groups):
+        raise ValueError(
+            f"group={group}, but the analysis has {len(groups)} groups "
+            f"(valid: 0..{len(groups) - 1})"
+        )
+    closure = set(analysis.input_closure)
+    split_nodes = {n for g in groups for n in (g.intermediates or [])}
+    owner = _w_regions(w, closure, groups)
+    depth = depth if depth is not None else _auto_depth(w, max_nodes)
+
+    dot = ZbDigraph(name="autograd")
+    dot.attr(rankdir="TB", fontname="Helvetica", fontsize="11", labelloc="t", nodesep="0.25")
+    dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="9")
+    dot.attr("edge", arrowsize="0.6", color="#666666")
+
+    # Which box each node is drawn in: its own, or its module's when collapsing.
+    rep: dict[str, str] = {}  # node id -> box id
+    boxes: dict[str, list[GNode]] = {}  # box id -> members, in walk order
+    module_box: dict[str, str] = {}  # module path -> "m0", "m1", ... in walk order
+    for g in w.nodes:
+        bid = g.id
+        if depth is not None and g.kind != "input" and depth_of(g.module) >= depth:
+            path = ".".join(g.module.split(".")[:depth])
+            bid = module_box.setdefault(path, f"m{len(module_box)}")
+        rep[g.id] = bid
+        boxes.setdefault(bid, []).append(g)
+    module_of_box = {bid: path for path, bid in module_box.items()}
+    chosen_splits = set(groups[group].intermediates or []) if group is not None else split_nodes
+
+    clusters: dict[int, graphviz.Digraph] = {}
+    for bid, members in boxes.items():
+        in_closure = [g.node in closure or g.kind == "input" for g in members]
+        if bid in module_of_box:  # a collapsed module
+            ops = sum(g.kind == "op" for g in members)
+            params = sum(g.kind == "param" for g in members)
+            splits = sum(g.node in split_nodes for g in members)
+            fills = {_phase_fill(x, phases, highlight)[0] for x in in_closure}
+            label = f"{module_of_box[bid]}\n{ops} ops, {params} params"
+            label += f"\n{splits} split points" if splits else ""
+            dot.node(
+                bid,
+                label,
+                fillcolor=":".join(sorted(fills)),  # I and W parts side by side when mixed
+                style="striped" if len(fills) > 1 else "filled",
+                **({"color": c.SPLIT_COLOR, "penwidth": "2"} if splits else {}),
+            )
+            continue
+        g = members[0]
+        attrs: dict[str, str] = {}
+        fill, dim = _phase_fill(in_closure[0], phases, highlight)
+        if g.kind == "param":
+            attrs.update(shape="box", style="filled")
+            fill = c.PARAM_FILL if not (phases or highlight) else fill
+        elif g.kind == "input":
+            attrs.update(shape="invhouse", style="filled")
+            fill = c.INPUT_FILL if not dim else fill
+        if g.node in split_nodes:  # red when it starts the chosen group's W (or any group's)
+            red = g.node in chosen_splits
+            attrs.update(color=c.SPLIT_COLOR if red else "#e8b0b0", penwidth="2.5")
+        gi = owner.get(g.id)
+        mine = gi == group or g.node in chosen_splits or g.kind == "input"
+        if group is not None and not mine:
+            fill, dim = c.DIM_FILL, True
+        if dim:
+            attrs["fontcolor"] = c.DIM_FONT
+        target = dot
+        if gi is not None:
+            if gi not in clusters:
+                clusters[gi] = graphviz.Digraph(name=f"cluster_group{gi}")
+            target = clusters[gi]
+        target.node(g.id, g.label, fillcolor=fill, **attrs)
+
+    for gi in sorted(clusters):
+        chosen = group is None or gi == group
+        clusters[gi].attr(
+            label=f"group {gi}: {shorten(names[gi])}",
+            style="rounded,filled",
+            fillcolor=c.group_color(gi) if chosen else c.DIM_FILL,
+            color="black" if group == gi else "#999999",
+            penwidth="2" if group == gi else "1",
+            fontcolor="black" if chosen else c.DIM_FONT,
+            fontsize="10",
+        )
+        dot.subgraph(clusters[gi])
+
+    for i, shape in enumerate(w.output_shapes):
+        dot.node(
+            f"o{i}",
+            f"output {i}\n{shape_text(shape)}",
+            shape="house",
+            style="filled",
+            fillcolor=c.OUTPUT_FILL,
+        )
+        dot.edge(rep[w.roots[i].id], f"o{i}")
+    drawn: set[tuple[str, str]] = set()
+    for producer, consumer in w.edges():
+        a, b = rep[producer.id], rep[consumer.id]
+        if a != b and (a, b) not in drawn:
+            drawn.add((a, b))
+            dot.edge(a, b)
+
+    if show_legend:
+        dot.subgraph(legend(phases or highlight is not None, bool(groups)))
+    summary = f"{len(w.nodes)} nodes, {len(groups)} param groups"
+    if depth is not None:
+        summary += f", collapsed to module depth {depth}"
+    dot.attr(label=title if title is not None else f"autograd graph: {summary}")
+    dot.zb_summary = summary
+    return dot

@@ -1,0 +1,244 @@
+"""Pipeline schedules as pictures: one row per rank, boxes for F / I / W / B, bubbles shaded.
+
+Both functions take a `Simulation` (from `zbkit.schedules.simulate`), a measured trace
+(`runner.trace`), or a plain list of events `(rank, stage, kind, microbatch, start, end)`, and
+return a `Figure`; nothing goes through pyplot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Patch
+
+from zbkit.viz._colors import IDLE_COLOR, KIND_COLORS, KIND_NAMES, LIMIT_COLOR
+from zbkit.viz._events import Event, Timeline, timeline
+from zbkit.viz._figure import ZbFigure
+from zbkit.viz._memory import memory_steps
+
+_DPI = 100
+_FONT_PX = 5.5  # rough width of one character at fontsize 7, in pixels at 100 dpi
+
+
+def _describe(source: Any) -> str:
+    """'zb-h1, pp=4, m=8' when the source knows its schedule, else ''."""
+    schedule = getattr(source, "schedule", None)
+    if schedule is None:
+        return ""
+    parts = [str(getattr(schedule, "name", "") or "")]
+    for attr, short in (("pp", "pp"), ("microbatches", "m")):
+        if getattr(schedule, attr, None) is not None:
+            parts.append(f"{short}={getattr(schedule, attr)}")
+    return ", ".join(p for p in parts if p)
+
+
+def _numbers(t: Timeline) -> str:
+    return f"makespan {t.makespan:.4g}, bubble {t.bubble_rate:.1%}"
+
+
+def _check_ranks(ranks: list[int] | None, num_ranks: int) -> list[int]:
+    if ranks is None:
+        return list(range(num_ranks))
+    bad = [r for r in ranks if not 0 <= r < num_ranks]
+    if bad:
+        raise ValueError(f"ranks {bad} are not in the run, which has ranks 0..{num_ranks - 1}")
+    return list(ranks)
+
+
+def _rects(events: list[Event], y: float, half: float) -> list[list[tuple[float, float]]]:
+    return [
+        [(e.start, y - half), (e.end, y - half), (e.end, y + half), (e.start, y + half)]
+        for e in events
+    ]
+
+
+def plot_schedule(
+    simulation_or_trace: Any,
+    *,
+    simulation: Any = None,
+    compare: Literal["rows", "overlay"] = "rows",
+    ranks: list[int] | None = None,
+    title: str | None = None,
+    labels: bool = True,
+    width: float = 12.0,
+    unit: str = "time",
+) -> ZbFigure:
+    """Draw a schedule's events: one row per rank, idle time shaded, numbers in the title.
+
+    Args:
+        simulation_or_trace: a Simulation, a runner trace, or a list of events.
+        simulation: a Simulation to compare a measured trace with: either two aligned rows per
+            rank (`compare="rows"`, the run above its simulation) or the simulated boxes drawn as
+            outlines over the measured ones (`compare="overlay"`).
+        ranks: the ranks to show (all by default).
+        labels: write `stage kind microbatch` (e.g. `1I3`) in boxes wide enough for it.
+    """
+    if compare not in ("rows", "overlay"):
+        raise ValueError(f"compare={compare!r}; use 'rows' or 'overlay'")
+    main = timeline(simulation_or_trace)
+    ref = timeline(simulation, num_ranks=main.num_ranks) if simulation is not None else None
+    shown = _check_ranks(ranks, max(main.num_ranks, ref.num_ranks if ref else 0))
+
+    # rows: (tick label, timeline, outline-only reference timeline or None)
+    rows: list[tuple[str, int, Timeline, Timeline | None]] = []
+    for r in shown:
+        if ref is not None and compare == "rows":
+            rows += [(f"rank {r} run", r, main, None), (f"rank {r} sim", r, ref, None)]
+        else:
+            rows.append((f"rank {r}", r, main, ref))
+    span = max(main.makespan, ref.makespan if ref else 0.0)
+
+    height = 0.9 + 0.42 * len(rows)
+    fig = ZbFigure(figsize=(width, height), dpi=_DPI)
+    ax = fig.add_axes((0.09, 0.5 / height + 0.05 / height, 0.89, 1 - 1.05 / height))
+    px_per_unit = (0.89 * width * _DPI) / span if span > 0 else 0.0
+
+    verts: list[list[tuple[float, float]]] = []
+    colors: list[str] = []
+    outline_verts: list[list[tuple[float, float]]] = []
+    outline_colors: list[str] = []
+    idle = []
+    for y, (_, rank, t, overlay) in enumerate(rows):
+        idle.append([(0, y - 0.45), (span, y - 0.45), (span, y + 0.45), (0, y + 0.45)])
+        events = [e for e in t.events if e.rank == rank]
+        verts += _rects(events, y, 0.38)
+        colors += [KIND_COLORS[e.kind] for e in events]
+        if overlay is not None:
+            theirs = [e for e in overlay.events if e.rank == rank]
+            outline_verts += _rects(theirs, y, 0.44)
+            outline_colors += ["#333333"] * len(theirs)
+        if labels:
+            for e in events:
+                chars = (e.end - e.start) * px_per_unit / _FONT_PX
+                text = e.label if chars >= len(e.label) + 1 else str(e.microbatch)
+                if chars >= len(text) + 0.5:
+                    ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=7)
+
+    ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", hatch="//"))
+    ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="white", linewidths=0.5))
+    if outline_verts:
+        ax.add_collection(
+            PolyCollection(
+                outline_verts,
+                facecolors="none",
+                edgecolors=outline_colors,
+                linewidths=0.8,
+                linestyles="--",
+            )
+        )
+
+    ax.set_xlim(0, span * 1.005 if span > 0 else 1)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # rank 0 on top, like the paper's figures
+    ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+    ax.set_xlabel(unit, fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+    present = {e.kind for e in main.events} | ({e.kind for e in ref.events} if ref else set())
+    kinds = [k for k in KIND_COLORS if k in present]  # F, I, W, B order
+    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{k}: {KIND_NAMES[k]}") for k in kinds]
+    handles.append(Patch(facecolor=IDLE_COLOR, hatch="//", label="idle (bubble)"))
+    if ref is not None and compare == "overlay":
+        handles.append(Patch(facecolor="none", edgecolor="#333333", ls="--", label="simulated"))
+    ax.legend(
+        handles=handles,
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=len(handles),
+        fontsize=7,
+        frameon=False,
+    )
+
+    name = title if title is not None else _describe(main.source)
+    if ref is None:
+        numbers = _numbers(main)
+    else:
+        numbers = f"run: {_numbers(main)} | sim: {_numbers(ref)}"
+    ax.set_title(f"{name}   {numbers}" if name else numbers, fontsize=9, loc="left", pad=14)
+    fig._zb_summary = f"schedule of {len(shown)} ranks, {numbers}"
+    return fig
+
+
+def _source_steps(t: Timeline, costs: Any) -> dict[int, tuple[list[float], list[float]]] | None:
+    """The memory steps a Simulation or Trace recorded itself, shifted like the events.
+
+    A Simulation's `.memory` follows its own costs; a Trace's `memory_for` re-weighs the
+    counted microbatches with other costs. A plain event list has neither (None).
+    """
+    source = t.source
+    if costs is not None and hasattr(source, "memory_for"):
+        per_rank = source.memory_for(costs.mem_activation, costs.mem_weight)
+    elif costs is None and isinstance(getattr(source, "memory", None), list):
+        per_rank = source.memory
+    else:
+        return None
+    t0 = min((e.start for e in source.events), default=0.0)  # the timeline starts at 0
+    steps = {}
+    for rank in range(t.num_ranks):
+        pairs = per_rank[rank] if rank < len(per_rank) else []
+        times = [0.0] + [time - t0 for time, _ in pairs]
+        values = [0.0] + [float(held) for _, held in pairs]
+        steps[rank] = (times, values)
+    return steps
+
+
+def plot_memory(
+    simulation_or_trace: Any,
+    *,
+    costs: Any = None,
+    limit: float | None = None,
+    ranks: list[int] | None = None,
+    width: float = 12.0,
+    unit: str = "time",
+) -> ZbFigure:
+    """Activation memory over time, one panel per rank, with the memory limit drawn.
+
+    Memory follows DESIGN's rule: F adds `mem_activation`; I adds `mem_weight - mem_activation`;
+    W subtracts `mem_weight`; B subtracts `mem_activation`. `costs` defaults to the simulation's
+    own; `limit` to its `memory_limit` when it has one.
+    """
+    t = timeline(simulation_or_trace)
+    shown = _check_ranks(ranks, t.num_ranks)
+    if limit is None:
+        limit = getattr(t.source, "memory_limit", None)
+    steps = _source_steps(t, costs) or memory_steps(
+        t.events, costs if costs is not None else getattr(t.source, "costs", None), t.num_ranks
+    )
+
+    height = 0.8 + 0.9 * len(shown)
+    fig = ZbFigure(figsize=(width, height), dpi=_DPI)
+    axes = fig.subplots(len(shown), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    fig.subplots_adjust(left=0.09, right=0.98, top=1 - 0.45 / height, bottom=0.5 / height)
+    peaks = []
+    for ax, rank in zip(axes, shown, strict=True):
+        times, values = steps[rank]
+        peak = max(values)
+        peaks.append(peak)
+        ax.step(times, values, where="post", color=KIND_COLORS["F"], linewidth=1.2)
+        ax.fill_between(times, values, step="post", color=KIND_COLORS["F"], alpha=0.3)
+        over = limit is not None and peak > limit + 1e-9
+        ax.text(
+            1.0,
+            0.9,
+            f"peak {peak:.4g}" + (" > limit" if over else ""),
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=7,
+            color=LIMIT_COLOR if over else "black",
+        )
+        if limit is not None:
+            ax.axhline(limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.0)
+        ax.set_ylabel(f"rank {rank}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_xlim(0, t.makespan if t.makespan > 0 else 1)
+    axes[-1].set_xlabel(unit, fontsize=8)
+    axes[0].set_ylim(bottom=min(0.0, *[min(steps[r][1]) for r in shown]))
+    limit_text = f", limit {limit:.4g} (dashed)" if limit is not None else ""
+    axes[0].set_title(
+        f"activation memory per rank: peak {max(peaks):.4g}{limit_text}", fontsize=9, loc="left"
+    )
+    fig._zb_summary = f"memory of {len(shown)} ranks, peak {max(peaks):.4g}"
+    return fig
