@@ -1,0 +1,122 @@
+"""Stage modules and the plain-autograd oracle shared by the pipeline tests.
+
+Every stage takes ``x`` (and ``skip`` after stage 0) and returns a dict, so each message
+between stages carries two tensors. Stage 1 is deliberately awkward for split backward: a
+weight used twice along one path, a custom autograd Function with two outputs, and a
+parameter the outputs never depend on.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from zbkit.schedules import Costs, build_schedule
+
+WIDTH = 6
+ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto")
+
+
+class TwoOut(torch.autograd.Function):
+    """(h * s, sin(h)): two outputs, one parameter, hand-written backward."""
+
+    @staticmethod
+    def forward(ctx, h, s):
+        ctx.save_for_backward(h, s)
+        return h * s, torch.sin(h)
+
+    @staticmethod
+    def backward(ctx, ga, gb):
+        h, s = ctx.saved_tensors
+        gh = ga * s + gb * torch.cos(h)
+        gs = (ga * h).sum(0)
+        return gh, gs
+
+
+class First(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))  # (b, WIDTH)
+        return {"x": h, "skip": 0.5 * h}
+
+
+class Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, skip):
+        return {"x": torch.tanh(self.lin(x)) + skip, "skip": skip}
+
+
+class Awkward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH)
+        self.lin2 = nn.Linear(WIDTH, WIDTH)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, WIDTH))
+        self.unused = nn.Parameter(torch.ones(3))  # never reaches the outputs
+
+    def forward(self, x, skip):
+        h = self.lin(torch.tanh(self.lin(x)))  # the same weight twice along one path
+        a, b = TwoOut.apply(h, self.scale)
+        return {"x": a + self.lin2(b), "skip": skip * b}
+
+
+class Last(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(WIDTH, 2)
+
+    def forward(self, x, skip):
+        return {"y": self.head(x + skip)}
+
+
+def make_stages(num_stages: int, seed: int = 0) -> list[nn.Module]:
+    torch.manual_seed(seed)
+    mods: list[nn.Module] = [First()]
+    for s in range(1, num_stages - 1):
+        mods.append(Awkward() if s == 1 else Plain())
+    mods.append(Last())
+    return mods
+
+
+def loss_fn(outputs: dict, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(outputs["y"], target)
+
+
+def batch(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, WIDTH, generator=g), torch.randn(rows, 2, generator=g)
+
+
+def oracle(mods: list[nn.Module], x: torch.Tensor, y: torch.Tensor):
+    """Plain full-batch autograd on copies: (loss, grads per stage as name -> grad)."""
+    mods = copy.deepcopy(mods)
+    out = {"x": x}
+    for m in mods:
+        out = m(**out)
+    loss = loss_fn(out, y)
+    loss.backward()
+    return loss.detach(), [{n: p.grad for n, p in m.named_parameters()} for m in mods]
+
+
+def schedule(name: str, pp: int, m: int):
+    extra = {"costs": Costs(F=1, I=1, W=1)} if name == "zb-auto" else {}
+    return build_schedule(name, pp=pp, microbatches=m, **extra)
+
+
+def assert_grads_match(mods, expected, where: str, atol: float = 1e-6) -> None:
+    for s, (m, exp) in enumerate(zip(mods, expected, strict=True)):
+        for n, p in m.named_parameters():
+            if exp[n] is None:
+                assert p.grad is None, f"{where}: stage {s} {n} got a gradient, oracle has none"
+                continue
+            assert p.grad is not None, f"{where}: stage {s} {n} has no gradient"
+            err = (p.grad - exp[n]).abs().max().item()
+            assert err <= atol, f"{where}: stage {s} {n} differs by {err:.3g}"

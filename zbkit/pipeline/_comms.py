@@ -1,0 +1,232 @@
+"""Communication: derived from the compute program in one pass, then moved point to point.
+
+The schedule builders emit compute actions only. ``derive_plan`` walks one rank's program
+once and wraps each action with the transfers it implies::
+
+    F(s, j)    recv activations of (s, j) from the rank of s-1 before; send to s+1's rank after
+    I/B(s, j)  recv output grads of (s, j) from the rank of s+1 before; send to s-1's rank after
+    W(s, j)    no communication
+
+Neighbouring stages on the same rank (the V of zb-v) hand tensors over locally: no ``Comm``.
+
+On the wire every message has a fixed tag computed from (what, stage, microbatch), so a
+receive matches its send whatever order the two ranks reach them in (gloo matches on
+(peer, tag); NCCL ignores tags, so there the plan's per-pair order is what matches). The
+shapes and dtypes of an edge are sent once per step, with the first message on it, and every
+later message is checked against them by the sender.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+_KIND_TAG = {"act": 0, "grad": 1}
+_SLOTS = 64  # tags per message: tensor i of a message uses tag base * _SLOTS + i
+_META_BASE = 1 << 30  # the once-per-step shape messages use tags above this
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """One transfer in a rank's plan: ``what`` of (stage, microbatch) to or from ``peer``.
+
+    ``stage`` is the stage that consumes the tensors: for activations the receiving stage
+    s (sent by s-1); for gradients the stage s that receives the grads of its outputs.
+    """
+
+    op: Literal["send", "recv"]
+    what: Literal["act", "grad"]
+    stage: int
+    microbatch: int
+    peer: int  # rank in the pipeline group
+
+    def __str__(self) -> str:
+        arrow = "->" if self.op == "send" else "<-"
+        return f"{self.op} {self.what} {self.stage}:{self.microbatch} {arrow} rank {self.peer}"
+
+
+def derive_plan(program: list[Any], stage_to_rank: list[int], rank: int) -> list[Any]:
+    """This rank's compute actions with the ``Comm`` each one needs around it."""
+    last = len(stage_to_rank) - 1
+    plan: list[Any] = []
+    for a in program:
+        s, j = a.stage, a.microbatch
+        if a.kind == "F" and s > 0 and stage_to_rank[s - 1] != rank:
+            plan.append(Comm("recv", "act", s, j, stage_to_rank[s - 1]))
+        if a.kind in "IB" and s < last and stage_to_rank[s + 1] != rank:
+            plan.append(Comm("recv", "grad", s, j, stage_to_rank[s + 1]))
+        plan.append(a)
+        if a.kind == "F" and s < last and stage_to_rank[s + 1] != rank:
+            plan.append(Comm("send", "act", s + 1, j, stage_to_rank[s + 1]))
+        if a.kind in "IB" and s > 0 and stage_to_rank[s - 1] != rank:
+            plan.append(Comm("send", "grad", s - 1, j, stage_to_rank[s - 1]))
+    return plan
+
+
+class CommTimeout(TimeoutError):
+    """A receive or a send did not complete in time; the message names the action."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    requires_grad: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor]) -> _Meta:
+        names = tuple(sorted(tensors))  # a deterministic order by key on both sides
+        return cls(
+            names,
+            tuple(tuple(tensors[k].shape) for k in names),
+            tuple(tensors[k].dtype for k in names),
+            tuple(tensors[k].requires_grad for k in names),
+        )
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{n}: {str(d).removeprefix('torch.')}{list(s)}"
+            for n, s, d in zip(self.names, self.shapes, self.dtypes, strict=True)
+        )
+
+
+class P2P:
+    """Moves one step's tensors between this rank and its pipeline neighbours.
+
+    ``group`` is the pipeline's process group; peers are ranks in it. On gloo every tensor is
+    its own ``isend``/``irecv`` (``batch_isend_irecv`` misbehaves on gloo); on NCCL the
+    tensors of one message go in one ``batch_isend_irecv``.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        num_stages: int,
+        microbatches: int,
+        device: torch.device,
+        timeout: float,
+        where: str,
+    ) -> None:
+        self.group = group
+        self.device = device
+        self.timeout = timeout
+        self.where = where  # e.g. "rank 1", prefixed to every error
+        self.batched = dist.get_backend(group) == "nccl"
+        self._num_stages = num_stages
+        self._microbatches = microbatches
+        if 2 * num_stages * microbatches * _SLOTS >= _META_BASE:
+            raise ValueError(
+                f"{num_stages} stages x {microbatches} microbatches is too many for the tag space"
+            )
+        self._sent_meta: dict[tuple[str, int], _Meta] = {}
+        self._recv_meta: dict[tuple[str, int], _Meta] = {}
+        self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
+
+    def new_step(self) -> None:
+        """Shapes may change between steps (another batch size): agree them afresh."""
+        self._sent_meta.clear()
+        self._recv_meta.clear()
+
+    # ------------------------------------------------------------------ tags and peers
+    def _tag(self, comm: Comm, index: int) -> int:
+        base = (_KIND_TAG[comm.what] * self._num_stages + comm.stage) * self._microbatches
+        return (base + comm.microbatch) * _SLOTS + index
+
+    def _meta_tag(self, comm: Comm, index: int) -> int:
+        return _META_BASE + (_KIND_TAG[comm.what] * self._num_stages + comm.stage) * 2 + index
+
+    def _global(self, peer: int) -> int:
+        return peer if self.group is None else dist.get_global_rank(self.group, peer)
+
+    # ------------------------------------------------------------------ send
+    def send(self, comm: Comm, tensors: dict[str, torch.Tensor]) -> None:
+        """Posts the sends of one message; they complete while this rank computes on."""
+        meta = _Meta.of(tensors)
+        if len(meta.names) > _SLOTS:
+            raise ValueError(f"{self.where}: {comm} carries {len(meta.names)} tensors (max 64)")
+        agreed = self._sent_meta.get((comm.what, comm.stage))
+        if agreed is None:
+            self._sent_meta[(comm.what, comm.stage)] = meta
+            blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
+            size = torch.tensor([blob.numel()], dtype=torch.int64)
+            size, blob = size.to(self.device), blob.to(self.device)  # NCCL sends device memory
+            self._post(
+                "send", comm, [size, blob], [self._meta_tag(comm, 0), self._meta_tag(comm, 1)]
+            )
+        elif meta != agreed:
+            raise ValueError(
+                f"{self.where}: {comm} has tensors {{{meta.describe()}}} but this step's first "
+                f"message on that edge had {{{agreed.describe()}}}; every microbatch of a stage "
+                "must produce the same names, shapes and dtypes"
+            )
+        data = [tensors[k].detach().contiguous() for k in meta.names]
+        self._post("send", comm, data, [self._tag(comm, i) for i in range(len(data))])
+
+    # ------------------------------------------------------------------ recv
+    def recv(self, comm: Comm) -> dict[str, torch.Tensor]:
+        """Receives one message; blocks at most ``timeout`` seconds per tensor."""
+        key = (comm.what, comm.stage)
+        meta = self._recv_meta.get(key)
+        if meta is None:
+            size = torch.empty(1, dtype=torch.int64, device=self.device)
+            self._wait(self._post("recv", comm, [size], [self._meta_tag(comm, 0)]), comm)
+            blob = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+            self._wait(self._post("recv", comm, [blob], [self._meta_tag(comm, 1)]), comm)
+            meta = self._recv_meta[key] = pickle.loads(blob.cpu().numpy().tobytes())
+        bufs = [
+            torch.empty(shape, dtype=dtype, device=self.device)
+            for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
+        ]
+        self._wait(
+            self._post("recv", comm, bufs, [self._tag(comm, i) for i in range(len(bufs))]), comm
+        )
+        # The received tensors start a new graph on this stage: leaves that collect a gradient.
+        return {
+            k: b.requires_grad_(rg) if b.is_floating_point() else b
+            for k, b, rg in zip(meta.names, bufs, meta.requires_grad, strict=True)
+        }
+
+    # ------------------------------------------------------------------ plumbing
+    def _post(self, op: str, comm: Comm, tensors: list[torch.Tensor], tags: list[int]) -> list:
+        peer = self._global(comm.peer)
+        fn = dist.isend if op == "send" else dist.irecv
+        if not tensors:  # a message with no tensors (e.g. no input needed a gradient)
+            return []
+        if self.batched:
+            pairs = zip(tensors, tags, strict=True)
+            ops = [dist.P2POp(fn, t, peer, self.group, tag) for t, tag in pairs]
+            works = dist.batch_isend_irecv(ops)
+        else:
+            works = [
+                fn(t, peer, group=self.group, tag=tag) for t, tag in zip(tensors, tags, strict=True)
+            ]
+        if op == "send":  # keep the tensors alive until the wire is done with them
+            self._pending.append((works, comm, tensors))
+        return works
+
+    def _wait(self, works: list, comm: Comm) -> None:
+        for work in works:
+            try:
+                work.wait(datetime.timedelta(seconds=self.timeout))
+            except RuntimeError as exc:
+                raise CommTimeout(
+                    f"{self.where}: {comm} for stage {comm.stage} microbatch {comm.microbatch} "
+                    f"did not complete within {self.timeout:g} s ({exc}). The peer rank may have "
+                    "failed, be stuck earlier in its program, or run another schedule"
+                ) from exc
+
+    def finish(self) -> None:
+        """End of step: every posted send has completed (nothing pending on the wire)."""
+        pending, self._pending = self._pending, []
+        for works, comm, _ in pending:
+            self._wait(works, comm)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)

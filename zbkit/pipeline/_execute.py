@@ -1,0 +1,166 @@
+"""What one compute action does, shared by ``ScheduleRunner`` and ``LocalPipeline``.
+
+Both executors keep a ``StepState``: the stages they hold, the microbatches of this step,
+and two mailboxes keyed by (what, stage, microbatch):
+
+- ``inbox``: tensors an action will consume (received from a peer, or handed over by a
+  neighbouring stage on this rank);
+- ``outbox``: tensors an action produced for a stage on another rank, until the ``Comm``
+  that follows it in the plan sends them.
+
+The per-kind behaviour is the table in ``StepState.run``; the executors only walk their list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from zbkit.pipeline.stage import PipelineStage, StageError
+from zbkit.pipeline.trace import Event, MemorySample, Trace
+
+Key = tuple[str, int, int]  # ("act" | "grad", consuming stage, microbatch)
+LossFn = Callable[[dict[str, torch.Tensor], Any], torch.Tensor]
+
+
+def split_microbatches(batch: Any, m: int, what: str) -> list[Any]:
+    """Splits a tensor, or each tensor of a dict, into ``m`` equal parts on dim 0."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0 or batch.shape[0] % m:
+            rows = batch.shape[0] if batch.dim() else "a 0-d tensor"
+            raise ValueError(
+                f"{what}: {rows} rows do not split into {m} equal microbatches; "
+                f"use a batch size divisible by schedule.microbatches ({m})"
+            )
+        return list(batch.chunk(m))
+    if isinstance(batch, Mapping):
+        parts = {k: split_microbatches(v, m, f"{what}[{k!r}]") for k, v in batch.items()}
+        return [{k: p[j] for k, p in parts.items()} for j in range(m)]
+    raise TypeError(
+        f"{what} must be a tensor or a dict of tensors (split on dim 0), got {type(batch).__name__}"
+    )
+
+
+def handover(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a stage on the same rank receives: the same values, cut from the sender's graph.
+
+    Each stage runs its own backward, so the receiving stage must see fresh leaves (that
+    collect the gradient it sends back), exactly as if the tensors had crossed the wire.
+    """
+    return {
+        k: v.detach().requires_grad_(v.requires_grad) if v.is_floating_point() else v.detach()
+        for k, v in tensors.items()
+    }
+
+
+class StepState:
+    """One step's microbatches, mailboxes, losses and trace, for the stages of one executor."""
+
+    def __init__(
+        self,
+        stages: Mapping[int, PipelineStage],
+        stage_to_rank: list[int],
+        microbatches: int,
+        loss_fn: LossFn,
+        scale_grads: bool,
+        inputs: list[Any] | None,
+        targets: list[Any] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.stages = stages
+        self.stage_to_rank = stage_to_rank
+        self.microbatches = microbatches
+        self.loss_fn = loss_fn
+        self.scale = 1.0 / microbatches if scale_grads else 1.0
+        self.inputs = inputs
+        self.targets = targets
+        self.clock = clock
+        self.inbox: dict[Key, dict[str, torch.Tensor]] = {}
+        self.outbox: dict[Key, dict[str, torch.Tensor]] = {}
+        self.losses: dict[int, torch.Tensor] = {}
+        self.trace = Trace()
+        self.last = len(stage_to_rank) - 1
+
+    # ------------------------------------------------------------------ the per-kind table
+    def run(self, action: Any) -> None:
+        """Runs one compute action and records its event and the memory held after it."""
+        stage = self.stages[action.stage]
+        start = self.clock()
+        {"F": self._forward, "I": self._backward, "B": self._backward, "W": self._weight}[
+            action.kind
+        ](stage, action)
+        end = self.clock()
+        rank = self.stage_to_rank[action.stage]
+        self.trace.events.append(
+            Event(rank, action.stage, action.kind, action.microbatch, start, end)
+        )
+        self.trace.memory_samples.append(
+            MemorySample(rank, action.stage, end, stage.held_activations, stage.held_weight_state)
+        )
+
+    def _forward(self, stage: PipelineStage, a: Any) -> None:
+        j = a.microbatch
+        if stage.is_first:
+            if self.inputs is None:
+                raise StageError(f"{a}: stage 0 needs inputs; pass step(inputs, ...) on its rank")
+            inputs = self.inputs[j]
+        else:
+            inputs = self._take(("act", a.stage, j), a)
+        outputs = stage.forward(j, inputs)
+        if stage.is_last:
+            target = None if self.targets is None else self.targets[j]
+            loss = self.loss_fn(outputs, target)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise StageError(f"{a}: loss_fn must return a scalar tensor, got {loss!r}")
+            self.losses[j] = loss.detach()
+            stage.set_loss(j, loss * self.scale if self.scale != 1.0 else loss)
+        else:
+            self._give(("act", a.stage + 1, j), outputs)
+
+    def _backward(self, stage: PipelineStage, a: Any) -> None:
+        j = a.microbatch
+        grads = None if stage.is_last else self._take(("grad", a.stage, j), a)
+        run = stage.backward_input if a.kind == "I" else stage.backward_full
+        input_grads = run(j, grads)
+        if not stage.is_first:
+            self._give(("grad", a.stage - 1, j), input_grads)
+
+    def _weight(self, stage: PipelineStage, a: Any) -> None:
+        stage.backward_weight(a.microbatch)
+
+    # ------------------------------------------------------------------ mailboxes
+    def _take(self, key: Key, a: Any) -> dict[str, torch.Tensor]:
+        try:
+            return self.inbox.pop(key)
+        except KeyError:
+            what = "activations" if key[0] == "act" else "output gradients"
+            raise StageError(
+                f"{a} needs the {what} of stage {key[1]} microbatch {key[2]}, which have not "
+                "arrived: the program runs it before the action that produces them"
+            ) from None
+
+    def _give(self, key: Key, tensors: dict[str, torch.Tensor]) -> None:
+        if key[1] in self.stages:  # the consuming stage lives here: hand over locally
+            self.inbox[key] = handover(tensors)
+        else:
+            self.outbox[key] = {k: v.detach() for k, v in tensors.items()}
+
+    def finish(self) -> list[torch.Tensor] | None:
+        """End of step: every stage clean, nothing left in the mailboxes; the losses."""
+        for stage in self.stages.values():
+            stage.assert_clean()
+        left = sorted(self.inbox) + sorted(self.outbox)
+        if left:
+            raise StageError(f"tensors never consumed after the step: {left}")
+        if self.last not in self.stages:
+            return None
+        return [self.losses[j] for j in range(self.microbatches)]
+
+
+def timer() -> Callable[[], float]:
+    """A clock that reads 0 now (``perf_counter`` based)."""
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0

@@ -1,0 +1,113 @@
+"""``LocalPipeline``: every stage of a schedule in this one process.
+
+The teaching and debugging twin of ``ScheduleRunner``: the same stages, the same per-action
+code, the same trace, but no processes and no wire. The ranks' programs are interleaved the
+way the real ranks would meet: round robin, each rank running its next actions while their
+inputs exist, so a rank waits exactly where it would block on a receive. A program that
+could never finish (a deadlock, a W before its I) stops with the blocked actions named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
+from zbkit.pipeline.stage import PipelineStage
+from zbkit.pipeline.trace import Trace
+from zbkit.schedules import Schedule, ScheduleError
+
+
+class LocalPipeline:
+    """Runs ``schedule`` over ``modules`` (one per stage, in stage order) in one process."""
+
+    def __init__(
+        self,
+        modules: Sequence[nn.Module | PipelineStage],
+        schedule: Schedule,
+        loss_fn: LossFn,
+        scale_grads: bool = True,
+    ) -> None:
+        if len(modules) != schedule.num_stages:
+            raise ValueError(
+                f"the schedule has {schedule.num_stages} stages but {len(modules)} modules were "
+                "given; pass one module per stage, in stage order"
+            )
+        self.schedule = schedule
+        self.loss_fn = loss_fn
+        self.scale_grads = scale_grads
+        self.stages = [
+            m if isinstance(m, PipelineStage) else PipelineStage(m, s, schedule.num_stages)
+            for s, m in enumerate(modules)
+        ]
+        for s, st in enumerate(self.stages):
+            if st.stage_index != s or st.num_stages != schedule.num_stages:
+                raise ValueError(
+                    f"modules[{s}] is PipelineStage {st.stage_index}/{st.num_stages}; expected "
+                    f"stage {s} of {schedule.num_stages}"
+                )
+        self.trace = Trace()
+
+    def __repr__(self) -> str:
+        return f"LocalPipeline({self.schedule!r})"
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for st in self.stages for p in st.module.parameters()]
+
+    def step(self, inputs: Any, targets: Any = None) -> list[torch.Tensor]:
+        """One training step's forward and backward; returns the per-microbatch losses.
+
+        Gradients are accumulated into ``.grad``; with ``scale_grads`` they equal those of
+        the mean microbatch loss (one full-batch step).
+        """
+        m = self.schedule.microbatches
+        state = StepState(
+            dict(enumerate(self.stages)),
+            list(self.schedule.stage_to_rank),
+            m,
+            self.loss_fn,
+            self.scale_grads,
+            split_microbatches(inputs, m, "inputs"),
+            None if targets is None else split_microbatches(targets, m, "targets"),
+            timer(),
+        )
+        try:
+            self._interleave(state)
+            losses = state.finish()
+        except BaseException:
+            for st in self.stages:
+                st.reset()  # a failed step leaves no graph behind
+            raise
+        self.trace = state.trace
+        assert losses is not None  # the last stage is here
+        return losses
+
+    def _ready(self, state: StepState, a: Any) -> bool:
+        """Whether ``a``'s inputs exist, i.e. it would not block on a receive."""
+        st = self.stages[a.stage]
+        if a.kind == "F":
+            return st.is_first or ("act", a.stage, a.microbatch) in state.inbox
+        if a.kind in "IB":
+            return st.is_last or ("grad", a.stage, a.microbatch) in state.inbox
+        return True  # W waits for nothing on other ranks
+
+    def _interleave(self, state: StepState) -> None:
+        program = self.schedule.program
+        pos = dict.fromkeys(program, 0)
+        while any(pos[r] < len(program[r]) for r in program):
+            progressed = False
+            for r in sorted(program):
+                while pos[r] < len(program[r]) and self._ready(state, program[r][pos[r]]):
+                    state.run(program[r][pos[r]])
+                    pos[r] += 1
+                    progressed = True
+            if not progressed:
+                blocked = ", ".join(
+                    f"rank {r} at position {pos[r]} ({program[r][pos[r]]})"
+                    for r in sorted(program)
+                    if pos[r] < len(program[r])
+                )
+                raise ScheduleError(f"the schedule deadlocks: every rank waits: {blocked}")

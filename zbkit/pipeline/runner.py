@@ -1,0 +1,196 @@
+"""``ScheduleRunner``: runs this rank's part of a schedule for real.
+
+At construction the rank's compute program is turned into a plan (``derive_plan``: each
+action with the receives it waits for and the sends it feeds). ``step`` then is a dumb loop::
+
+    for item in plan:
+        comm -> send / receive;   action -> run it on its stage
+
+Data parallelism (``dp_group``): each pipeline replica runs the same plan on its own data;
+a stage's gradients are averaged over the replicas right after that stage's last W (or B),
+while the rest of the pipeline keeps running, and waited for at the end of the step.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zbkit.pipeline._comms import P2P, Comm, CommTimeout, derive_plan
+from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
+from zbkit.pipeline.stage import PipelineStage
+from zbkit.pipeline.trace import CommEvent, Trace
+from zbkit.schedules import Schedule
+
+
+class ScheduleRunner:
+    """Runs ``schedule`` on this rank's ``stages`` inside a pipeline process group.
+
+    Args:
+        schedule: a validated schedule with ``schedule.pp`` equal to the group's size.
+        stages: the ``PipelineStage`` objects this rank holds (``schedule.stages_on(rank)``).
+        loss_fn: ``loss_fn(outputs: dict, targets) -> scalar``, per microbatch, last stage.
+        scale_grads: divide each microbatch loss by the microbatch count, so gradients equal
+            those of one full-batch step on the mean loss.
+        group: the pipeline's process group (default: the world).
+        dp_group: replicas of this rank's stages to average gradients with (PP x DP).
+        timeout: seconds any single wait may block before raising, naming the action.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        stages: Sequence[PipelineStage] | PipelineStage,
+        loss_fn: LossFn,
+        scale_grads: bool = True,
+        group: dist.ProcessGroup | None = None,
+        *,
+        dp_group: dist.ProcessGroup | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "ScheduleRunner needs torch.distributed: run it under zbkit.launch, a Cluster "
+                "or torchrun (or use LocalPipeline for every stage in one process)"
+            )
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if schedule.pp != world:
+            raise ValueError(
+                f"the schedule was built for {schedule.pp} ranks but the pipeline group has "
+                f"{world}: build it with pp={world}, or launch {schedule.pp} ranks"
+            )
+        stages = [stages] if isinstance(stages, PipelineStage) else list(stages)
+        expected = schedule.stages_on(rank)
+        given = sorted(st.stage_index for st in stages)
+        if given != expected or any(st.num_stages != schedule.num_stages for st in stages):
+            raise ValueError(
+                f"rank {rank} holds stages {expected} of {schedule.num_stages} in this schedule "
+                f"but was given stages {given}; build PipelineStage(module, s, "
+                f"{schedule.num_stages}) for each s in schedule.stages_on({rank})"
+            )
+        self.schedule, self.loss_fn, self.scale_grads = schedule, loss_fn, scale_grads
+        self.group, self.dp_group, self.timeout, self.rank = group, dp_group, timeout, rank
+        self.stages = {st.stage_index: st for st in stages}
+        self.plan = derive_plan(schedule.program.get(rank, []), schedule.stage_to_rank, rank)
+        self.backend = dist.get_backend(group)
+        device = torch.device("cpu")
+        if self.backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.p2p = P2P(
+            group, schedule.num_stages, schedule.microbatches, device, timeout, f"rank {rank}"
+        )
+        # the plan position after which each stage's gradients are final (its last W or B)
+        last_backward = {
+            a.stage: i
+            for i, a in enumerate(self.plan)
+            if not isinstance(a, Comm) and a.kind in "WB"
+        }
+        self._grads_final = {i: s for s, i in last_backward.items()}
+        self.trace = Trace()
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduleRunner(rank {self.rank}, stages {sorted(self.stages)}, "
+            f"{self.schedule!r}, backend={self.backend!r})"
+        )
+
+    def step(self, inputs: Any = None, targets: Any = None) -> list[torch.Tensor] | None:
+        """One training step; the per-microbatch losses on the last stage's rank, else None."""
+        m, last = self.schedule.microbatches, self.schedule.num_stages - 1
+        if 0 in self.stages and inputs is None:
+            raise ValueError(f"rank {self.rank} holds stage 0: pass step(inputs, ...) here")
+        if last in self.stages and targets is None:
+            raise ValueError(
+                f"rank {self.rank} holds the last stage ({last}), which computes the loss: pass "
+                "step(..., targets=...) on this rank"
+            )
+        inputs = split_microbatches(inputs, m, "inputs") if 0 in self.stages else None
+        targets = split_microbatches(targets, m, "targets") if last in self.stages else None
+        self._barrier()  # every rank starts the step's clock together
+        clock = timer()
+        state = StepState(
+            self.stages,
+            list(self.schedule.stage_to_rank),
+            m,
+            self.loss_fn,
+            self.scale_grads,
+            inputs,
+            targets,
+            clock,
+        )
+        self.p2p.new_step()
+        reductions: list[tuple[Any, int, torch.Tensor, list[torch.Tensor]]] = []
+        try:
+            for i, item in enumerate(self.plan):
+                if isinstance(item, Comm):
+                    start = clock()
+                    self._move(item, state)
+                    state.trace.comm.append(CommEvent(self.rank, str(item), start, clock()))
+                    continue
+                state.run(item)
+                if i in self._grads_final and self.dp_group is not None:
+                    reductions.append(self._start_reduce(self._grads_final[i]))
+            self.p2p.finish()  # nothing pending on the wire
+            for work, stage, flat, grads in reductions:
+                self._finish_reduce(work, stage, flat, grads)
+            losses = state.finish()
+        except BaseException:
+            for st in self.stages.values():
+                st.reset()  # drop cached graphs: a failed step leaks nothing
+            raise
+        self.trace = state.trace
+        return losses
+
+    # ------------------------------------------------------------------ pieces
+    def _move(self, comm: Comm, state: StepState) -> None:
+        key = (comm.what, comm.stage, comm.microbatch)
+        if comm.op == "recv":
+            state.inbox[key] = self.p2p.recv(comm)
+        else:
+            self.p2p.send(comm, state.outbox.pop(key))
+
+    def _barrier(self) -> None:
+        if self.backend == "gloo":  # names the ranks that never arrived, after the timeout
+            dist.monitored_barrier(self.group, timeout=datetime.timedelta(seconds=self.timeout))
+        else:
+            dist.barrier(self.group)
+
+    def _start_reduce(self, stage: int) -> tuple[Any, int, torch.Tensor, list[torch.Tensor]]:
+        # One flat buffer per stage: one all-reduce instead of one per parameter.
+        grads = [p.grad for p in self.stages[stage].module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
+        return work, stage, flat, grads
+
+    def _finish_reduce(self, work: Any, stage: int, flat: torch.Tensor, grads: list) -> None:
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            raise CommTimeout(
+                f"rank {self.rank}: averaging stage {stage}'s gradients over the data-parallel "
+                f"group did not finish within {self.timeout:g} s ({exc})"
+            ) from exc
+        flat /= dist.get_world_size(self.dp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def pp_dp_groups(pp: int, dp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup, int, int]:
+    """Lays ``pp * dp`` ranks out as ``dp`` pipelines of ``pp`` consecutive ranks.
+
+    Returns ``(pp_group, dp_group, pp_rank, dp_rank)`` for the calling rank: global rank
+    ``g`` is stage-rank ``g % pp`` of pipeline ``g // pp``. Every rank must call this (group
+    creation is collective), with the same ``pp`` and ``dp``.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if pp * dp != world:
+        raise ValueError(f"pp={pp} x dp={dp} = {pp * dp} ranks, but the world has {world}")
+    pp_groups = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
+    dp_groups = [dist.new_group(list(range(p, world, pp))) for p in range(pp)]
+    return pp_groups[rank // pp], dp_groups[rank % pp], rank % pp, rank // pp

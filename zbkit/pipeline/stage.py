@@ -1,0 +1,266 @@
+"""One pipeline stage: a module plus the per-microbatch state its F, I, W and B actions share.
+
+A stage never talks to other stages. It is handed the tensors an action consumes (its inputs
+for F, the gradients of its outputs for I and B) and returns what that action produces (its
+outputs, the gradients of its inputs); the executors move those between stages.
+
+Per microbatch ``j`` the state walks through two caches::
+
+    F(j)          -> _activations[j]  = inputs, outputs (graph attached), loss root
+    I(j)          -> _pending_weight[j] = what W(j) needs; the activation entry is gone
+    W(j)          -> nothing left
+    B(j) = I + W  -> nothing left
+
+The sizes of those two caches are what the simulator's memory model counts (F adds an
+activation, I turns it into pending weight state, W and B free it), so the runner can record
+them and compare with ``Simulation.peak_memory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from zbkit import splitgrad
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(slots=True)
+class _Activation:
+    inputs: Tensors  # what F consumed; floating ones require grad on stages > 0
+    outputs: Tensors  # what F produced, graph attached
+    loss: torch.Tensor | None = None  # last stage: the (scaled) scalar the backward starts from
+
+
+@dataclass(slots=True)
+class _PendingWeight:
+    roots: list[torch.Tensor]  # kept alive so the graph W walks is not freed under it
+    param_groups: list[Any] | None = None  # from stage_backward_input; None: a deferred full B
+    root_grads: list[torch.Tensor] | None = None  # only for the deferred full backward
+
+
+class StageError(RuntimeError):
+    """A stage's module or its bookkeeping failed; the message names the stage and microbatch."""
+
+
+class PipelineStage:
+    """Wraps ``module`` as stage ``stage_index`` of ``num_stages``.
+
+    ``module(**inputs)`` must return ``dict[str, Tensor]``. Outputs that require grad get a
+    gradient back from the next stage; the others (token ids, masks) are passed along as data.
+    """
+
+    def __init__(self, module: nn.Module, stage_index: int, num_stages: int) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"stage {stage_index}: expected an nn.Module, got {type(module)!r}")
+        if not 0 <= stage_index < num_stages:
+            raise ValueError(f"stage_index {stage_index} is outside 0..{num_stages - 1}")
+        self.module = module
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self._activations: dict[int, _Activation] = {}
+        self._pending_weight: dict[int, _PendingWeight] = {}
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    @property
+    def held_activations(self) -> int:
+        """Microbatches between F and I/B (the simulator's ``mem_activation`` units)."""
+        return len(self._activations)
+
+    @property
+    def held_weight_state(self) -> int:
+        """Microbatches between I and W (the simulator's ``mem_weight`` units)."""
+        return len(self._pending_weight)
+
+    def __repr__(self) -> str:
+        return (
+            f"PipelineStage({type(self.module).__name__}, stage {self.stage_index}"
+            f"/{self.num_stages}, holding {self.held_activations} activations, "
+            f"{self.held_weight_state} pending W)"
+        )
+
+    def _name(self, microbatch: int) -> str:
+        return f"stage {self.stage_index} microbatch {microbatch}"
+
+    def _weights(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------------ F
+    def forward(
+        self, microbatch: int, inputs: Mapping[str, torch.Tensor] | torch.Tensor
+    ) -> Tensors:
+        """Runs the module on one microbatch and caches what its backward will need.
+
+        ``inputs`` is a dict of keyword tensors; a bare tensor (stage 0's data) is passed
+        positionally.
+        """
+        if microbatch in self._activations or microbatch in self._pending_weight:
+            raise StageError(f"{self._name(microbatch)}: forward ran twice before its backward")
+        if isinstance(inputs, torch.Tensor):
+            args, inputs = (inputs,), {"input": inputs}
+        elif isinstance(inputs, Mapping):
+            args = ()
+        else:
+            raise StageError(
+                f"{self._name(microbatch)}: inputs must be a tensor or a dict of tensors, got "
+                f"{type(inputs).__name__}"
+            )
+        try:
+            out = self.module(*args, **({} if args else inputs))
+        except Exception as exc:  # re-raised with the stage named; the cause keeps its trace
+            raise StageError(
+                f"{self._name(microbatch)}: the module's forward raised "
+                f"{type(exc).__name__}: {exc} (inputs: {_describe(inputs)})"
+            ) from exc
+        if not isinstance(out, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor | None) for k, v in out.items()
+        ):
+            raise StageError(
+                f"{self._name(microbatch)}: a stage module must return dict[str, Tensor], got "
+                f"{type(out).__name__}; wrap it, e.g. `return {{'hidden': h}}`"
+            )
+        outputs = {k: v for k, v in out.items() if v is not None}
+        self._activations[microbatch] = _Activation(dict(inputs), outputs)
+        return outputs
+
+    def set_loss(self, microbatch: int, loss: torch.Tensor) -> None:
+        """Last stage: the backward of ``microbatch`` starts from this scalar."""
+        if not self.is_last:
+            raise StageError(f"{self._name(microbatch)}: only the last stage takes a loss")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise StageError(
+                f"{self._name(microbatch)}: loss_fn must return a scalar tensor, got {loss!r}"
+            )
+        self._take_activation(microbatch, "set_loss", pop=False).loss = loss
+
+    # ------------------------------------------------------------------ I, W, B
+    def backward_input(
+        self, microbatch: int, output_grads: Mapping[str, torch.Tensor] | None
+    ) -> Tensors:
+        """I: gradients of this stage's inputs; the weight gradients wait for W.
+
+        Stage 0 has no input gradient to send, so its I only records what to do and the
+        whole backward runs at W (the simulator still counts the microbatch as pending W).
+        """
+        act = self._take_activation(microbatch, "I")
+        roots, grads = self._roots(microbatch, act, output_grads)
+        names, inputs = _grad_inputs(act.inputs) if not self.is_first else ([], [])
+        if not inputs or not roots:  # no input gradient to send: run it all at W
+            self._pending_weight[microbatch] = _PendingWeight(roots, None, grads)
+            return {}
+        result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
+        self._pending_weight[microbatch] = _PendingWeight(roots, list(result.param_groups))
+        return _named_grads(names, result.input_grads)
+
+    def backward_weight(self, microbatch: int) -> None:
+        """W: accumulates this microbatch's weight gradients into ``.grad``."""
+        pending = self._pending_weight.pop(microbatch, None)
+        if pending is None:
+            state = "has not run F" if microbatch not in self._activations else "has not run I"
+            raise StageError(f"{self._name(microbatch)}: W before I ({state})")
+        if pending.param_groups is None:  # deferred full backward (stage 0, or nothing to send)
+            if pending.roots:
+                splitgrad.stage_backward_full(pending.roots, pending.root_grads, [])
+            return
+        splitgrad.stage_backward_weight(self._weights(), pending.param_groups)
+
+    def backward_full(
+        self, microbatch: int, output_grads: Mapping[str, torch.Tensor] | None
+    ) -> Tensors:
+        """B = I then W in one autograd pass."""
+        act = self._take_activation(microbatch, "B")
+        roots, grads = self._roots(microbatch, act, output_grads)
+        if not roots:
+            return {}
+        names, inputs = _grad_inputs(act.inputs) if not self.is_first else ([], [])
+        input_grads = splitgrad.stage_backward_full(roots, grads, inputs)
+        return _named_grads(names, input_grads)
+
+    # ------------------------------------------------------------------ housekeeping
+    def assert_clean(self) -> None:
+        """After a step: nothing cached (every F met its I/B and every I its W)."""
+        if self._activations or self._pending_weight:
+            raise StageError(
+                f"stage {self.stage_index} still holds microbatches "
+                f"{sorted(self._activations)} (no I/B yet) and {sorted(self._pending_weight)} "
+                "(no W yet) after the step: the schedule misses those actions"
+            )
+
+    def reset(self) -> None:
+        """Drops every cached microbatch (after a failed step), freeing its graph."""
+        self._activations.clear()
+        self._pending_weight.clear()
+
+    def _take_activation(self, microbatch: int, what: str, pop: bool = True) -> _Activation:
+        act = self._activations.get(microbatch)
+        if act is None:
+            state = "already ran its backward" if microbatch in self._pending_weight else "no F"
+            raise StageError(f"{self._name(microbatch)}: {what} before F ({state})")
+        if pop:
+            del self._activations[microbatch]
+        return act
+
+    def _roots(
+        self,
+        microbatch: int,
+        act: _Activation,
+        output_grads: Mapping[str, torch.Tensor] | None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """The tensors the backward starts from and their gradients (None: scalar loss)."""
+        if self.is_last:
+            if act.loss is None:
+                raise StageError(f"{self._name(microbatch)}: backward before its loss was set")
+            return ([act.loss] if act.loss.requires_grad else []), None
+        grads = dict(output_grads or {})
+        unknown = sorted(set(grads) - set(act.outputs))
+        if unknown:
+            raise StageError(
+                f"{self._name(microbatch)}: got gradients for {unknown}, which are not outputs "
+                f"of this stage (outputs: {sorted(act.outputs)})"
+            )
+        roots, root_grads = [], []
+        for name, out in act.outputs.items():
+            g = grads.get(name)
+            if g is None or not out.requires_grad:
+                continue  # the next stage did not differentiate through this output
+            if g.shape != out.shape:
+                raise StageError(
+                    f"{self._name(microbatch)}: gradient for output {name!r} has shape "
+                    f"{tuple(g.shape)}, the output has {tuple(out.shape)}"
+                )
+            roots.append(out)
+            root_grads.append(g)
+        return roots, root_grads
+
+
+def _grad_inputs(inputs: Tensors) -> tuple[list[str], list[torch.Tensor]]:
+    """The inputs a gradient is sent back for: those that arrived requiring grad."""
+    names = [k for k, v in inputs.items() if v.requires_grad]
+    return names, [inputs[k] for k in names]
+
+
+def _named_grads(names: list[str], grads: list[torch.Tensor | None]) -> Tensors:
+    return {k: g for k, g in zip(names, grads, strict=True) if g is not None}
+
+
+def _describe(tensors: Mapping[str, Any]) -> str:
+    parts = []
+    for k, v in tensors.items():
+        if isinstance(v, torch.Tensor):
+            parts.append(f"{k}: {str(v.dtype).removeprefix('torch.')}{list(v.shape)}")
+        else:
+            parts.append(f"{k}: {type(v).__name__}")
+    return "{" + ", ".join(parts) + "}"

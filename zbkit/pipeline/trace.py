@@ -1,0 +1,176 @@
+"""What a real pipeline step did: action timings, communication waits, memory held.
+
+``Trace.events`` has the same form as ``Simulation.events`` ``(rank, stage, kind, microbatch,
+start, end)``, so one drawing can show a measured run beside its simulation. Times are seconds
+on a clock shared by the ranks of a step (each rank starts it right after a barrier).
+
+The memory record counts, after every action, how many microbatches each stage really holds:
+between F and I/B (activations) and between I and W (weight-gradient state). That is the
+quantity the simulator's memory model counts, so ``trace.peak_memory`` is comparable with
+``Simulation.peak_memory``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any, NamedTuple
+
+from zbkit.schedules import Event
+
+
+class MemorySample(NamedTuple):
+    """What ``stage`` (on ``rank``) holds at ``time``, right after one of its actions."""
+
+    rank: int
+    stage: int
+    time: float
+    activations: int  # microbatches between F and I/B
+    weight_state: int  # microbatches between I and W
+
+
+class CommEvent(NamedTuple):
+    """Time a rank spent posting a send or waiting for a receive."""
+
+    rank: int
+    label: str  # e.g. "recv act 2:3 <- rank 1"
+    start: float
+    end: float
+
+
+@dataclass
+class Trace:
+    """Measured events of one or more ranks (``Trace.merge`` joins the ranks' traces)."""
+
+    events: list[Event] = field(default_factory=list)
+    comm: list[CommEvent] = field(default_factory=list)
+    memory_samples: list[MemorySample] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        ranks = sorted({e.rank for e in self.events})
+        return (
+            f"Trace(ranks={ranks}, events={len(self.events)}, "
+            f"makespan={self.makespan:.4g} s, peak_memory={self.peak_memory})"
+        )
+
+    @classmethod
+    def merge(cls, traces: Iterable[Trace | None]) -> Trace:
+        """One trace from the per-rank traces (``launch`` returns them in rank order)."""
+        out = cls()
+        for t in traces:
+            if t is not None:
+                out.events += t.events
+                out.comm += t.comm
+                out.memory_samples += t.memory_samples
+        out.events.sort(key=lambda e: (e.rank, e.start))
+        return out
+
+    @property
+    def num_ranks(self) -> int:
+        return max((e.rank for e in self.events), default=-1) + 1
+
+    @property
+    def makespan(self) -> float:
+        """Last end minus first start, over all ranks."""
+        if not self.events:
+            return 0.0
+        return max(e.end for e in self.events) - min(e.start for e in self.events)
+
+    @property
+    def bubble_rate(self) -> float:
+        """(longest rank span - mean busy time) / longest rank span."""
+        spans: dict[int, list[float]] = {}
+        for e in self.events:
+            lo, hi, busy = spans.get(e.rank, [e.start, e.end, 0.0])
+            spans[e.rank] = [min(lo, e.start), max(hi, e.end), busy + e.end - e.start]
+        if not spans:
+            return 0.0
+        cost = max(hi - lo for lo, hi, _ in spans.values())
+        busy = sum(b for *_, b in spans.values()) / len(spans)
+        return (cost - busy) / cost if cost > 0 else 0.0
+
+    # ------------------------------------------------------------------ memory
+    def memory_for(self, mem_activation: float = 1.0, mem_weight: float = 0.0) -> list[list]:
+        """Per rank: (time, held) steps, held = sum over its stages of the weighted counts."""
+        ranks: dict[int, dict[int, float]] = {}
+        steps: dict[int, list[tuple[float, float]]] = {}
+        for s in sorted(self.memory_samples, key=lambda s: (s.rank, s.time)):
+            held = ranks.setdefault(s.rank, {})
+            held[s.stage] = s.activations * mem_activation + s.weight_state * mem_weight
+            steps.setdefault(s.rank, []).append((s.time, sum(held.values())))
+        return [steps.get(r, []) for r in range(max(steps, default=-1) + 1)]
+
+    @property
+    def memory(self) -> list[list[tuple[float, float]]]:
+        """Per rank: (time, microbatches of activations held), as ``Simulation.memory``."""
+        return self.memory_for()
+
+    def peak_for(self, mem_activation: float = 1.0, mem_weight: float = 0.0) -> list[float]:
+        return [
+            max((h for _, h in steps), default=0.0)
+            for steps in self.memory_for(mem_activation, mem_weight)
+        ]
+
+    @property
+    def peak_memory(self) -> list[float]:
+        """Per rank: most microbatches of activations held at once (default ``Costs``)."""
+        return self.peak_for()
+
+    # ------------------------------------------------------------------ export
+    def to_chrome(self, path: str | PathLike | None = None) -> dict[str, Any]:
+        """Chrome-trace JSON (open in https://ui.perfetto.dev); written to ``path`` if given.
+
+        One process per rank; thread 0 holds compute actions, thread 1 communication, and a
+        counter track shows the activations held.
+        """
+        us = 1e6  # Chrome traces count microseconds
+        out: list[dict[str, Any]] = []
+        for r in range(self.num_ranks):
+            out.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
+            for tid, name in ((0, "compute"), (1, "comm")):
+                out.append(
+                    {"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": name}}
+                )
+        for e in self.events:
+            out.append(
+                {
+                    "name": f"{e.stage}{e.kind}{e.microbatch}",
+                    "cat": e.kind,
+                    "ph": "X",
+                    "pid": e.rank,
+                    "tid": 0,
+                    "ts": e.start * us,
+                    "dur": (e.end - e.start) * us,
+                    "args": {"stage": e.stage, "microbatch": e.microbatch},
+                }
+            )
+        for c in self.comm:
+            out.append(
+                {
+                    "name": c.label,
+                    "cat": "comm",
+                    "ph": "X",
+                    "pid": c.rank,
+                    "tid": 1,
+                    "ts": c.start * us,
+                    "dur": (c.end - c.start) * us,
+                }
+            )
+        for rank, steps in enumerate(self.memory):
+            for time, held in steps:
+                out.append(
+                    {
+                        "name": "activations held",
+                        "ph": "C",
+                        "pid": rank,
+                        "ts": time * us,
+                        "args": {"microbatches": held},
+                    }
+                )
+        doc = {"traceEvents": out, "displayTimeUnit": "ms"}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
