@@ -115,8 +115,12 @@ def plot_schedule(
                 if chars >= len(text) + 0.5:
                     ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=7)
 
-    ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", hatch="//"))
-    ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="white", linewidths=0.5))
+    ax.add_collection(
+        PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", hatch="//", gid="idle")
+    )
+    ax.add_collection(
+        PolyCollection(verts, facecolors=colors, edgecolors="white", linewidths=0.5, gid="actions")
+    )
     if outline_verts:
         ax.add_collection(
             PolyCollection(
@@ -125,6 +129,7 @@ def plot_schedule(
                 edgecolors=outline_colors,
                 linewidths=0.8,
                 linestyles="--",
+                gid="simulated",
             )
         )
 
@@ -174,6 +179,8 @@ def _source_steps(t: Timeline, costs: Any) -> dict[int, tuple[list[float], list[
         per_rank = source.memory
     else:
         return None
+    if not any(per_rank):  # e.g. a trace recorded without memory samples
+        return None
     t0 = min((e.start for e in source.events), default=0.0)  # the timeline starts at 0
     steps = {}
     for rank in range(t.num_ranks):
@@ -216,7 +223,7 @@ def plot_memory(
         times, values = steps[rank]
         peak = max(values)
         peaks.append(peak)
-        ax.step(times, values, where="post", color=KIND_COLORS["F"], linewidth=1.2)
+        ax.step(times, values, where="post", color=KIND_COLORS["F"], lw=1.2, gid=f"memory{rank}")
         ax.fill_between(times, values, step="post", color=KIND_COLORS["F"], alpha=0.3)
         over = limit is not None and peak > limit + 1e-9
         ax.text(

@@ -1,0 +1,166 @@
+"""draw_graph: what the picture contains, that it is reproducible, and the no-`dot` path.
+
+The oracle is the analysis itself and autograd's own graph: every node autograd built is drawn
+once, every ParamGroup is one cluster, every intermediate is marked, nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from zbkit.splitgrad import analyze
+from zbkit.viz import draw_graph
+from zbkit.viz._colors import KIND_COLORS, SPLIT_COLOR
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(self.ln(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _stage(layers: int = 2, d: int = 4):
+    torch.manual_seed(0)
+    model = Net(d, layers)
+    x = torch.randn(3, d, requires_grad=True)
+    y = model(x)
+    return model, x, y, analyze(y, [x], model)
+
+
+def _node_lines(source: str) -> list[str]:
+    # node statements: `\tn12 [label=...]` (not edges, not graph attributes)
+    return re.findall(r"^\s+((?:n|m)\d+) \[(.*?)\]$", source, flags=re.M | re.S)
+
+
+def test_every_node_edge_group_and_split_point_is_drawn_once():
+    model, x, y, analysis = _stage()
+    dot = draw_graph(analysis)
+    src = dot.source
+    nodes = _node_lines(src)
+    # one drawn node per autograd node (the reverse graph holds every node reachable)
+    assert len(nodes) == len(analysis.reverse_graph)
+    assert len({nid for nid, _ in nodes}) == len(nodes)
+    # edges: one per distinct producer -> consumer pair, plus one per output
+    pairs = {(p, u) for p, users in analysis.reverse_graph.items() for u in users}
+    edges = re.findall(r"^\s+(\w+) -> (\w+)$", src, flags=re.M)
+    assert len(edges) == len(pairs) + 1 and len(set(edges)) == len(edges)
+    # every parameter by its module path, inputs and outputs marked
+    for name, p in model.named_parameters():
+        shape = ", ".join(map(str, p.shape))
+        assert f'label="{name}\n({shape})"' in src
+    assert 'label="input 0\n(3, 4)"' in src and 'label="output 0\n(3, 2)"' in src
+    # one cluster per group, with its parameter names in the label
+    clusters = re.findall(r"subgraph (cluster_group\d+)", src)
+    assert len(clusters) == len(analysis.groups) == 7
+    for info in analysis.groups:
+        assert f"group {info.index}: {info.param_names[0]}" in src
+    # split points: exactly the analysis' intermediates, all in the input closure
+    split = [nid for nid, attrs in nodes if f'color="{SPLIT_COLOR}"' in attrs]
+    assert len(split) == sum(len(g.group.intermediates) for g in analysis.groups) == 7
+    closure_ops = [n for n in analysis.input_closure if not analysis.labels[n].startswith("input[")]
+    shaded = [nid for nid, attrs in nodes if 'fillcolor="#e4e4e4"' in attrs]
+    assert len(shaded) == len(closure_ops)
+    assert "legend" in src
+
+
+def test_same_model_draws_identical_svg_and_outputs_path_matches_analysis_path():
+    _, _, _, a1 = _stage()
+    _, _, _, a2 = _stage()  # a fresh model and graph: other Node objects, other id()s
+    d1, d2 = draw_graph(a1), draw_graph(a2)
+    assert d1.source == d2.source
+    svg = d1.pipe(format="svg", encoding="utf-8")
+    assert svg == d2.pipe(format="svg", encoding="utf-8")
+    assert "<svg" in svg and "layers.0.fc1.weight" in svg
+    model, x, y, _ = _stage()
+    assert draw_graph(y, [x], model).source == d1.source
+
+
+def test_phases_and_highlight_colour_what_each_pass_runs():
+    _, _, _, analysis = _stage(layers=1)
+    nodes = _node_lines(draw_graph(analysis, phases=True).source)
+    closure_ids = {
+        nid
+        for nid, attrs in _node_lines(draw_graph(analysis).source)
+        if 'fillcolor="#e4e4e4"' in attrs
+    }
+    i_nodes = {nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["I"]}"' in attrs}
+    w_nodes = {nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["W"]}"' in attrs}
+    assert i_nodes == closure_ids and w_nodes and not (i_nodes & w_nodes)
+    # highlighting I: only I's nodes keep their colour, the W nodes are dimmed
+    lit = _node_lines(draw_graph(analysis, highlight="I").source)
+    assert {nid for nid, a in lit if KIND_COLORS["I"] in a} == i_nodes
+    assert not any(KIND_COLORS["W"] in a for _, a in lit)
+    with pytest.raises(ValueError, match="highlight"):
+        draw_graph(analysis, highlight="B")
+
+
+def test_group_highlight_and_bad_inputs():
+    _, _, _, analysis = _stage(layers=1)
+    src = draw_graph(analysis, group=1).source
+    chosen = re.search(r"subgraph cluster_group1 \{(.*?)\}", src, flags=re.S).group(1)
+    other = re.search(r"subgraph cluster_group0 \{(.*?)\}", src, flags=re.S).group(1)
+    assert "penwidth=2" in chosen and "#f7f7f7" in other  # chosen outlined, others dimmed
+    with pytest.raises(ValueError, match="valid: 0..3"):
+        draw_graph(analysis, group=9)
+    with pytest.raises(TypeError, match="SplitGradAnalysis"):
+        draw_graph(42)
+    with pytest.raises(ValueError, match="does not require grad"):
+        draw_graph(torch.zeros(2))
+
+
+def test_graph_without_module_still_draws_with_unnamed_leaves():
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(2, 4, requires_grad=True)
+    src = draw_graph((x @ w).tanh(), x).source
+    assert 'label="leaf tensor\n(4, 4)"' in src and 'label="input 0\n(2, 4)"' in src
+    assert "Tanh" in src and "cluster_group" not in src
+
+
+def test_twelve_layer_model_collapses_by_module_depth():
+    model, _, _, analysis = _stage(layers=12, d=4)
+    src = draw_graph(analysis).source
+    assert "collapsed to module depth 2" in src
+    boxes = re.findall(r'label="(layers\.\d+)\n(\d+) ops, (\d+) params', src)
+    # one box per layer, each once (walked from the output, so the last layer comes first)
+    assert [b[0] for b in boxes] == [f"layers.{i}" for i in reversed(range(12))]
+    # every parameter is counted in exactly one box (the head is drawn node by node)
+    in_boxes = sum(int(b[2]) for b in boxes)
+    assert in_boxes == sum(1 for n, _ in model.named_parameters() if n.startswith("layers."))
+    assert len(_node_lines(src)) < 40
+    # forcing the full graph back: every node again
+    full = draw_graph(analysis, max_nodes=10_000).source
+    assert len(_node_lines(full)) == len(analysis.reverse_graph)
+
+
+def test_without_dot_binary_the_repr_is_a_message_and_the_source(monkeypatch):
+    _, _, _, analysis = _stage(layers=1)
+    dot = draw_graph(analysis)
+    assert "image/svg+xml" in dot._repr_mimebundle_()
+    monkeypatch.setenv("PATH", "/nonexistent")  # graphviz finds no `dot` now
+    bundle = dot._repr_mimebundle_()
+    assert "image/svg+xml" not in bundle
+    text = bundle["text/plain"]
+    assert "`dot` program was not found" in text and "apt-get install graphviz" in text
+    assert text.endswith(dot.source)

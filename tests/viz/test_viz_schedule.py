@@ -1,0 +1,127 @@
+"""plot_schedule / plot_memory: boxes = actions, numbers = the simulation's, closed forms agree.
+
+Oracles: the schedule's own program (one box per action, by kind), closed forms (1F1B holds
+min(p - r, m) activations on rank r; a hand-made trace's bubble rate), and byte equality of
+two renders.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import matplotlib
+import pytest
+from matplotlib.colors import to_hex
+
+from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.viz import plot_memory, plot_schedule
+from zbkit.viz._colors import KIND_COLORS
+
+
+def _collection(fig, gid):
+    return next(c for c in fig.axes[0].collections if c.get_gid() == gid)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b"])
+def test_one_box_per_action_coloured_by_kind_and_numbers_in_title(name):
+    schedule = build_schedule(name, pp=4, microbatches=8)
+    sim = simulate(schedule, Costs(1.0, 1.0, 1.0, comm=0.1))
+    fig = plot_schedule(sim)
+    actions = [a for rank in range(4) for a in schedule.program[rank]]
+    boxes = _collection(fig, "actions")
+    assert len(boxes.get_paths()) == len(actions)
+    colours = Counter(to_hex(c) for c in boxes.get_facecolors())
+    assert colours == Counter(KIND_COLORS[a.kind] for a in actions)
+    # each box spans exactly its event's time (rank order, then time order)
+    xs = sorted((min(p.vertices[:, 0]), max(p.vertices[:, 0])) for p in boxes.get_paths())
+    want = sorted((e.start, e.end) for e in sim.events)
+    assert [x for pair in xs for x in pair] == pytest.approx([x for pair in want for x in pair])
+    title = fig.axes[0].get_title(loc="left")
+    assert f"bubble {sim.bubble_rate:.1%}" in title and f"makespan {sim.makespan:.4g}" in title
+    assert name in title and "pp=4" in title and "m=8" in title
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [f"rank {r}" for r in range(4)]
+
+
+def test_renders_are_reproducible_and_nothing_leaks_into_pyplot():
+    import matplotlib.pyplot as plt
+
+    def draw():
+        sim = simulate(build_schedule("zb-h1", pp=3, microbatches=4), Costs(1, 1, 1))
+        return plot_schedule(sim), plot_memory(sim, limit=3)
+
+    (a, am), (b, bm) = draw(), draw()
+    assert a.to_svg() == b.to_svg() and am.to_svg() == bm.to_svg()
+    assert a.to_png() == b.to_png()
+    bundle = a._repr_mimebundle_()
+    assert bundle["image/png"].startswith(b"\x89PNG") and "text/plain" in bundle
+    assert plt.get_fignums() == []  # made without pyplot: nothing to close, nothing leaks
+    assert matplotlib.get_backend()  # still whatever the user had
+
+
+def test_measured_trace_beside_and_over_its_simulation():
+    sim = simulate(build_schedule("1f1b", pp=2, microbatches=3), Costs(1, 1, 1))
+    # a "measured" run: wall-clock times (offset), every action 10% slower
+    trace = [
+        {
+            "rank": e.rank,
+            "stage": e.stage,
+            "kind": e.kind,
+            "microbatch": e.microbatch,
+            "start": 1000 + 1.1 * e.start,
+            "end": 1000 + 1.1 * e.end,
+        }
+        for e in sim.events
+    ]
+    rows = plot_schedule(trace, simulation=sim)
+    labels = [t.get_text() for t in rows.axes[0].get_yticklabels()]
+    assert labels == ["rank 0 run", "rank 0 sim", "rank 1 run", "rank 1 sim"]
+    assert len(_collection(rows, "actions").get_paths()) == 2 * len(sim.events)
+    # the trace is drawn from 0, scaled by 1.1 exactly
+    title = rows.axes[0].get_title(loc="left")
+    assert f"run: makespan {1.1 * sim.makespan:.4g}" in title
+    over = plot_schedule(trace, simulation=sim, compare="overlay")
+    assert len(_collection(over, "simulated").get_paths()) == len(sim.events)
+    assert len(over.axes[0].get_yticklabels()) == 2
+    one = plot_schedule(trace, ranks=[1])
+    assert len(_collection(one, "actions").get_paths()) == sum(e.rank == 1 for e in sim.events)
+
+
+def test_bubble_rate_of_a_hand_made_trace_matches_the_closed_form():
+    # rank 0 busy 0-2 and 3-4 (span 4, busy 3); rank 1 busy 1-3 (span 2, busy 2)
+    # cost = longest span = 4; mean busy = 2.5; bubble = (4 - 2.5) / 4
+    events = [(0, 0, "F", 0, 0, 2), (0, 0, "B", 0, 3, 4), (1, 1, "F", 0, 1, 3)]
+    title = plot_schedule(events).axes[0].get_title(loc="left")
+    assert "makespan 4, bubble 37.5%" in title
+
+
+def test_memory_follows_the_1f1b_closed_form_and_draws_the_limit():
+    p, m = 4, 6
+    sim = simulate(build_schedule("1f1b", pp=p, microbatches=m), Costs(1, 2, 0, comm=0.5))
+    fig = plot_memory(sim, limit=3)
+    for r, ax in enumerate(fig.axes):
+        line = next(ln for ln in ax.get_lines() if ln.get_gid() == f"memory{r}")
+        assert max(line.get_ydata()) == min(p - r, m) == sim.peak_memory[r]
+        texts = [t.get_text() for t in ax.texts]
+        assert any(t.startswith(f"peak {min(p - r, m)}") for t in texts)
+        assert any(ln.get_ydata()[0] == 3 for ln in ax.get_lines() if ln.get_gid() is None)
+    assert "> limit" in fig.axes[0].texts[0].get_text()  # rank 0 holds 4 > 3
+    assert "> limit" not in fig.axes[3].texts[0].get_text()
+    # the same memory from bare events and the costs (the rule in DESIGN.md)
+    bare = plot_memory(list(sim.events), costs=Costs(1, 2, 0))
+    for r, ax in enumerate(bare.axes):
+        assert max(ax.get_lines()[0].get_ydata()) == sim.peak_memory[r]
+
+
+def test_bad_inputs_say_what_is_wrong():
+    with pytest.raises(TypeError, match="fields rank, stage, kind"):
+        plot_schedule([object()])
+    with pytest.raises(TypeError, match="no field 'end'"):
+        plot_schedule([{"rank": 0, "stage": 0, "kind": "F", "microbatch": 0, "start": 0}])
+    with pytest.raises(ValueError, match="kind 'X'"):
+        plot_schedule([(0, 0, "X", 0, 0, 1)])
+    with pytest.raises(ValueError, match="empty"):
+        plot_schedule([])
+    with pytest.raises(ValueError, match="ranks \\[5\\]"):
+        plot_schedule([(0, 0, "F", 0, 0, 1)], ranks=[5])
+    with pytest.raises(ValueError, match="compare"):
+        plot_schedule([(0, 0, "F", 0, 0, 1)], compare="side")
