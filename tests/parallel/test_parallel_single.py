@@ -202,3 +202,19 @@ def test_ddp_device_is_the_local_rank() -> None:
         _ddp_device({cpu}, "nccl", local_rank=9, cuda_count=8)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         _ddp_device({cpu}, "nccl", local_rank=0, cuda_count=0)
+
+
+def test_epoch_left_mid_window_warns_and_device_is_reported() -> None:
+    backend = SingleBackend(3)
+    model = make_model()
+    model, opt, loader, _ = backend.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), list(range(5)), None
+    )
+    assert backend.device == torch.device("cpu")
+    for i in loader:
+        with backend.accumulate(model):
+            backend.backward(model(torch.ones(1, 3)).sum())
+        if i == 0:
+            break  # stop after one micro-step of a 3-step window
+    with pytest.warns(RuntimeWarning, match="1 micro-step.*not yet stepped"):
+        next(iter(loader))

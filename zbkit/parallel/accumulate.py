@@ -18,6 +18,7 @@ optimizer/scheduler wrappers only act when `sync_gradients` is True.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -30,8 +31,12 @@ class GradientWindow:
 
     def __init__(self, steps: int) -> None:
         self.steps = steps  # k: micro-batches per optimizer step
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to before the first micro-step (a fresh `prepare`)."""
         self.sync_gradients = True  # True on a window's last micro-step
-        self.length = steps  # length of the current window (shorter at an epoch's end)
+        self.length = self.steps  # length of the current window (shorter at an epoch's end)
         self.position = 0  # index of the current micro-step inside its window
         self.optimizer_steps = 0  # optimizer steps actually taken
         self.unconsumed_backwards = 0  # backward()s since the optimizer last stepped
@@ -57,9 +62,6 @@ class GradientWindow:
     def end_micro_step(self) -> None:
         self.in_micro_step = False
 
-    def reset(self) -> None:
-        self.__init__(self.steps)
-
 
 class AccumulatingLoader:
     """Wraps a dataloader; each epoch is cut into windows of `steps` batches.
@@ -74,6 +76,16 @@ class AccumulatingLoader:
         self._window = window
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._window.sync_gradients:
+            # The last epoch was left mid-window (a `break`): its gradients were never
+            # stepped and still sit in .grad, so they would leak into the first window.
+            warnings.warn(
+                f"a new epoch starts with {self._window.position + 1} micro-step(s) "
+                f"of gradients not yet stepped (the previous loop stopped mid-window); call "
+                f"the optimizer's step() or zero the gradients before iterating again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         batches = iter(self.loader)
         while chunk := list(islice(batches, self._window.steps)):
             for position, batch in enumerate(chunk):

@@ -52,6 +52,7 @@ class TrainingBackend:
                 f"got {grad_accum_steps}"
             )
         self._window = GradientWindow(grad_accum_steps)
+        self._device = torch.device("cpu")
 
     @classmethod
     def options(cls) -> list[str]:
@@ -94,6 +95,11 @@ class TrainingBackend:
     def world_size(self) -> int:
         return get_world_size()
 
+    @property
+    def device(self) -> torch.device:
+        """Where the prepared model lives: move each batch there (`x.to(backend.device)`)."""
+        return self._device
+
     # --- setup ---------------------------------------------------------------------------
     def prepare(
         self,
@@ -117,6 +123,8 @@ class TrainingBackend:
             )
         self._window.reset()
         model = self._prepare_model(model)
+        first = next(model.parameters(), None)
+        self._device = first.device if first is not None else torch.device("cpu")
         if optimizer is not None:
             optimizer = AccumOptimizer(optimizer, self._window)
         if dataloader is not None:
