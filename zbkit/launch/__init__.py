@@ -1,0 +1,18 @@
+"""Run torch.distributed code on several local processes from a notebook cell.
+
+``launch`` for one-shot runs, ``Cluster`` for ranks that keep state between calls, and
+the IPython magics (``%load_ext zbkit``; ``%zb_start``, ``%%zb``, ``%zb_stop``,
+``%zb_status``) on top of a Cluster.
+
+torchrun: nothing here is needed to run a zbkit script under
+``torchrun --nproc-per-node N script.py`` (on one machine or several): torchrun starts
+the processes and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, and
+``zbkit.parallel``'s process-group helpers read them. ``launch`` is the notebook's
+stand-in for torchrun; it sets the same variables.
+"""
+
+from zbkit.launch._procs import LaunchError
+from zbkit.launch.cluster import Cluster
+from zbkit.launch.launcher import launch
+
+__all__ = ["Cluster", "LaunchError", "launch"]

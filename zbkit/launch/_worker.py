@@ -1,0 +1,178 @@
+"""One rank: ``python -m zbkit.launch._worker``, started by the launcher, never by hand.
+
+Life of a rank:
+1. read the setup message from the control channel (an inherited socketpair end),
+2. import torch and initialise ``torch.distributed`` (rank 0 serves the TCPStore on a
+   socket the caller already bound to 127.0.0.1, so no port can be stolen in between),
+3. say READY, then run tasks in the main thread until told to exit.
+
+A second thread owns the reading side of the channel: it answers "where are you?"
+(STACKS) even while the main thread is stuck in user code or a collective, and it
+kills this rank the moment the caller goes away, so a crashed kernel leaves no ranks.
+"""
+
+from __future__ import annotations
+
+import ast
+import faulthandler
+import linecache
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from zbkit.launch import _channel as ch
+from zbkit.launch._rich import to_payload
+
+
+def _user_frames(tb: Any) -> Any:
+    """Skip this file's frames at the top of a traceback: the learner's code comes first."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _format_error(exc: BaseException) -> str:
+    tb = _user_frames(exc.__traceback__)
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _main_stack(main_ident: int) -> str:
+    frame = sys._current_frames().get(main_ident)
+    if frame is None:
+        return "(main thread not found)\n"
+    stack = traceback.extract_stack(frame)
+    ours = [i for i, f in enumerate(stack) if f.filename == __file__]
+    user = stack[ours[-1] + 1 :] if ours else stack  # runpy and this file are noise
+    if not user:
+        return "(idle: waiting for the next task)\n"
+    return "".join(traceback.format_list(user))
+
+
+def _refile(code: Any, filename: str) -> Any:
+    consts = tuple(_refile(c, filename) if hasattr(c, "co_filename") else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _with_source(fn: Any, source: tuple[str, list[str]] | None) -> Any:
+    """Give `fn` back the file name cloudpickle dropped ("<dynamic-code>") and register its
+    source lines, so tracebacks from a notebook function show the cell's code."""
+    if source is not None and getattr(fn, "__code__", None) is not None:
+        filename, lines = source
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+        fn.__code__ = _refile(fn.__code__, filename)
+    return fn
+
+
+def run_cell(code: str, name: str, namespace: dict[str, Any]) -> Any:
+    """REPL semantics: run every statement, and return the value of a final expression."""
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)  # source in tracebacks
+    tree = ast.parse(code, filename=name, mode="exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, name, "exec"), namespace)
+    return eval(compile(last, name, "eval"), namespace) if last is not None else None
+
+
+def _init_distributed(backend: str) -> tuple[Any, Any]:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    port = int(os.environ["MASTER_PORT"])
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # rank k owns GPU k
+    store_fd = os.environ.pop("ZBKIT_STORE_FD", None)
+    if store_fd is not None:  # rank 0: serve the store on the socket the caller bound
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            world,
+            is_master=True,
+            master_listen_fd=int(store_fd),
+            wait_for_workers=False,
+        )
+    else:
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    return torch, dist
+
+
+def _reader(conn: Connection, tasks: queue.Queue, lock: threading.Lock, main_ident: int) -> None:
+    while True:
+        try:
+            kind, task_id, payload = ch.recv(conn)
+        except (EOFError, OSError):  # the caller is gone: take our process group with us
+            sys.stdout.flush()
+            if os.getpgid(0) == os.getpid():
+                os.killpg(os.getpid(), signal.SIGKILL)
+            os._exit(1)
+        if kind == ch.STACKS:
+            with lock:
+                ch.send(conn, ch.STACKS, task_id, _main_stack(main_ident).encode())
+            continue
+        tasks.put((kind, task_id, payload))
+        if kind == ch.EXIT:
+            return
+
+
+def main() -> None:
+    faulthandler.enable()  # a segfault still prints a Python stack, labelled by the caller
+    fd = int(os.environ.pop("ZBKIT_CONTROL_FD"))
+    os.set_inheritable(fd, False)  # subprocesses the user starts must not get the channel
+    conn = Connection(fd)
+    _, _, payload = ch.recv(conn)
+    setup = ch.loads(payload)
+    sys.path.extend(p for p in setup["sys_path"] if p not in sys.path)  # the kernel's imports
+    lock = threading.Lock()  # the main thread and the reader both send
+    tasks: queue.Queue = queue.Queue()
+    # The reader starts before torch is imported: a rank stuck in import or rendezvous can
+    # still say where it is, and dies with the caller.
+    args = (conn, tasks, lock, threading.get_ident())
+    threading.Thread(target=_reader, args=args, daemon=True, name="zbkit-control").start()
+    try:
+        torch, dist = _init_distributed(setup["backend"])
+    except BaseException as exc:
+        with lock:
+            ch.send(conn, ch.FATAL, 0, _format_error(exc).encode())
+        sys.stderr.flush()
+        os._exit(1)
+    with lock:
+        ch.send(conn, ch.READY)
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    namespace = {"__name__": "__zb__", "rank": rank, "world_size": world, "torch": torch}
+    namespace["dist"] = dist
+    while True:
+        kind, task_id, payload = tasks.get()
+        if kind == ch.EXIT:
+            break
+        try:
+            if kind == ch.CALL:
+                fn, fn_args, fn_kwargs, source = ch.loads(payload)
+                fn = _with_source(fn, source)
+                value = fn(*fn_args, **fn_kwargs)
+            else:
+                code, name = ch.loads(payload)
+                value = run_cell(code, name, namespace)
+            reply, data = ch.RESULT, to_payload(value, ch.dumps)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt are reported too
+            reply, data = ch.ERROR, _format_error(exc).encode()
+        sys.stdout.flush()  # output printed before the reply reaches the caller first
+        sys.stderr.flush()
+        with lock:
+            ch.send(conn, reply, task_id, data)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown (torch's is slow, user threads could block it); the caller
+    # has every result already.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

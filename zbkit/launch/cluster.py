@@ -1,0 +1,159 @@
+"""`Cluster`: ranks that stay alive between calls, each with a namespace that persists."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from zbkit.launch import _channel as ch
+from zbkit.launch._collect import Outcome, collect, describe
+from zbkit.launch._procs import LaunchError, RankGroup
+from zbkit.launch.launcher import check_timeout
+
+FAILURE_GRACE_S = 3.0  # after one rank fails, how long the others may still finish
+STARTUP_TIMEOUT_S = 300.0  # importing torch on a few busy cores can take a while
+
+
+class Cluster:
+    """Persistent ranks: ``run(fn, *args)`` and ``exec(code)`` keep state between calls.
+
+    Every rank has a namespace (``rank``, ``world_size``, ``torch`` and ``dist`` predefined)
+    that ``exec`` reads and writes like a REPL. An error on one rank raises LaunchError and
+    the cluster stays usable when every rank answered; when a rank died, hung past
+    `timeout` or was left waiting in a collective, the cluster is stopped and says so.
+    """
+
+    def __init__(
+        self,
+        nprocs: int,
+        backend: str = "gloo",
+        *,
+        timeout: float | None = None,
+        master_port: int | None = None,
+    ) -> None:
+        check_timeout(timeout)
+        self.timeout = timeout  # default per-call limit; each call may override it
+        self._group = RankGroup(nprocs, backend, master_port)
+        self._stopped: str | None = None  # why the cluster cannot be used any more
+        self._group.set_output(sys.stdout, sys.stderr)
+        try:
+            out = collect(
+                self._group, 0, range(nprocs), want=ch.READY, timeout=STARTUP_TIMEOUT_S, grace=1.0
+            )
+        except BaseException:
+            self.close()
+            raise
+        if not out.ok:
+            self.close()
+            raise LaunchError(describe(out, "Cluster start", "stopped"), out.failures | out.stacks)
+
+    @property
+    def nprocs(self) -> int:
+        return self._group.nprocs
+
+    @property
+    def backend(self) -> str:
+        return self._group.backend
+
+    @property
+    def closed(self) -> bool:
+        return self._stopped is not None
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
+        if not callable(fn):
+            raise TypeError(f"run needs a callable first, got {type(fn).__name__}")
+        try:
+            payload = ch.call_payload(fn, args, kwargs)
+        except Exception as exc:
+            raise LaunchError(
+                f"could not pickle fn and its arguments for the ranks: {exc}"
+            ) from exc
+        return self._call(ch.CALL, payload, range(self.nprocs), self.timeout)
+
+    def exec(
+        self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None
+    ) -> list[Any]:
+        """Run `code` on `ranks` (default all) like a REPL cell: returns, per rank in the
+        order given, the value of a final expression (None when the code ends otherwise)."""
+        if not isinstance(code, str):
+            raise TypeError(f"exec needs the code as a str, got {type(code).__name__}")
+        check_timeout(timeout)
+        chosen = list(range(self.nprocs)) if ranks is None else list(ranks)
+        bad = [r for r in chosen if not isinstance(r, int) or not 0 <= r < self.nprocs]
+        if bad or not chosen or len(set(chosen)) != len(chosen):
+            raise ValueError(f"ranks must be distinct ints in 0..{self.nprocs - 1}, got {chosen!r}")
+        name = f"<zb cell {self._group.next_id}>"  # shown in tracebacks, with the source
+        payload = pickle.dumps((code, name))
+        return self._call(ch.EXEC, payload, chosen, self.timeout if timeout is None else timeout)
+
+    def _call(self, kind: str, payload: bytes, ranks: Iterable[int], timeout: Any) -> list[Any]:
+        if self._stopped is not None:
+            raise LaunchError(f"this cluster is stopped ({self._stopped}); start a new one")
+        ranks = list(ranks)
+        group = self._group
+        group.set_output(sys.stdout, sys.stderr)  # the cell running now
+        group.drain()  # anything printed while idle (a background thread) shows here
+        task_id, group.next_id = group.next_id, group.next_id + 1
+        try:
+            for rank in ranks:
+                group.send(rank, kind, task_id, payload)
+            out = collect(
+                group, task_id, ranks, want=ch.RESULT, timeout=timeout, grace=FAILURE_GRACE_S
+            )
+        except KeyboardInterrupt:
+            self._stop("interrupted")
+            raise
+        if out.ok:
+            return [out.results[rank] for rank in ranks]
+        raise self._failure(out)
+
+    def _failure(self, out: Outcome) -> LaunchError:
+        tracebacks = out.failures | out.stacks
+        if out.running or out.died:
+            why = "a rank died" if out.died else "ranks were left running"
+            if out.timeout is not None:
+                why = "a call timed out"
+            self._stop(why)
+            note = (
+                "\nThe cluster has been stopped: its collectives can no longer match up. "
+                "Start a new one (in a notebook: %zb_start)."
+            )
+            return LaunchError(describe(out, "Cluster call", "stopped") + note, tracebacks)
+        note = (
+            "\nEvery rank answered, so the cluster is still usable and its state is kept"
+            " (if a collective failed half-way, restart it)."
+        )
+        return LaunchError(describe(out, "Cluster call", "") + note, tracebacks)
+
+    def _stop(self, why: str) -> None:
+        if self._stopped is None:
+            self._stopped = why
+        self._group.close(graceful=False)
+
+    def status(self) -> str:
+        """One line per rank: pid and whether it is alive."""
+        state = f"stopped ({self._stopped})" if self._stopped else "running"
+        lines = [f"Cluster: {self.nprocs} ranks, backend={self.backend!r}, {state}"]
+        for rank, proc in enumerate(self._group.procs):
+            alive = "alive" if proc.poll() is None else f"exited ({proc.returncode})"
+            lines.append(f"  rank {rank}: pid {proc.pid}, {alive}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Stop the ranks (asking politely first) and reap them; safe to call twice."""
+        if self._stopped is None:
+            self._stopped = "closed"
+        self._group.close(graceful=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"stopped: {self._stopped}" if self._stopped else "running"
+        return f"Cluster(nprocs={self.nprocs}, backend={self.backend!r}) [{state}]"
