@@ -1,0 +1,142 @@
+"""A greedy list scheduler in the spirit of the Zero Bubble paper's heuristic (Qi et al. 2024).
+
+Time moves from event to event (an action ends, or its output arrives on another rank).
+Whenever a rank is free it picks, in this order:
+  1. an I whose inputs are there (it unblocks the previous stage: the critical path),
+  2. an F whose input is there, if one more activation still fits under `memory_limit`
+     (warm-up then runs as many forwards as memory and the first I allow),
+  3. a W: it depends on nothing, so it fills what would otherwise be a bubble, and it
+     frees memory when the limit stops the next F.
+`fill` > 0 makes a rank wait instead of starting a W that would delay an I known to
+arrive within `fill * W`; the automatic builder tries a few such policies and keeps the
+fastest, measured by `simulate`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from zbkit.schedules.action import Action
+from zbkit.schedules.simulate import Costs
+
+_EPS = 1e-9
+
+
+def greedy(
+    stage_to_rank: list[int],
+    m: int,
+    costs: list[Costs],
+    memory_limit: float,
+    fill: float = 0.0,
+    prefer_f: bool = False,
+) -> dict[int, list[Action]]:
+    n = len(stage_to_rank)
+    p = max(stage_to_rank) + 1
+    last = n - 1
+    program: dict[int, list[Action]] = {r: [] for r in range(p)}
+    # forwards are tried from the stage nearest the loss first: it brings the backward sooner
+    f_order = {
+        r: sorted((s for s in range(n) if stage_to_rank[s] == r), reverse=True) for r in range(p)
+    }
+    f_end = [[None] * m for _ in range(n)]  # when F(s, j) ended
+    x_end = [[None] * m for _ in range(n)]  # when I(s, j) ended (the input gradient exists)
+    next_f = [0] * n
+    # room kept free for carrying a new microbatch through the rank's later stages (ZB-V's
+    # second chunk): without it, first-chunk forwards could fill memory and starve the V
+    reserve = [
+        sum(
+            costs[t].mem_activation for t in range(s + 1, n) if stage_to_rank[t] == stage_to_rank[s]
+        )
+        for s in range(n)
+    ]
+    ready_i: dict[int, list] = {r: [] for r in range(p)}  # heap of (ready, j, -s)
+    pending_w: dict[int, deque] = {r: deque() for r in range(p)}
+    free = [0.0] * p
+    held = [0.0] * p
+    left = 3 * n * m
+    times: list[float] = [0.0]
+
+    def arrive(t: float, src: int, dst: int) -> float:
+        return t + (costs[src].comm if stage_to_rank[src] != stage_to_rank[dst] else 0.0)
+
+    def offer_i(s: int, j: int) -> None:
+        # I(s, j) can be queued once F(s, j) and I(s+1, j) have known end times
+        if f_end[s][j] is None or (s < last and x_end[s + 1][j] is None):
+            return
+        ready = f_end[s][j] if s == last else max(f_end[s][j], arrive(x_end[s + 1][j], s + 1, s))
+        heapq.heappush(ready_i[stage_to_rank[s]], (ready, j, -s))
+        heapq.heappush(times, ready)
+
+    def run(r: int, a: Action, t: float) -> None:
+        nonlocal left
+        c = costs[a.stage]
+        end = t + c.duration(a.kind)
+        program[r].append(a)
+        free[r] = end
+        held[r] += c.memory(a.kind)
+        left -= 1
+        heapq.heappush(times, end)
+        s, j = a.stage, a.microbatch
+        if a.kind == "F":
+            f_end[s][j] = end
+            if s < last:
+                heapq.heappush(times, arrive(end, s, s + 1))
+            offer_i(s, j)
+        elif a.kind == "I":
+            x_end[s][j] = end
+            pending_w[r].append((s, j))
+            if s > 0:
+                offer_i(s - 1, j)
+
+    def next_forward(r: int, t: float) -> Action | None:
+        for s in f_order[r]:
+            j = next_f[s]
+            if j >= m:
+                continue
+            if s > 0 and (f_end[s - 1][j] is None or arrive(f_end[s - 1][j], s - 1, s) > t + _EPS):
+                continue
+            if held[r] + costs[s].mem_activation + reserve[s] > memory_limit + _EPS:
+                continue
+            return Action(s, "F", j)
+        return None
+
+    def decide(r: int, t: float) -> None:
+        heap = ready_i[r]
+        i_ready = bool(heap) and heap[0][0] <= t + _EPS
+        f = next_forward(r, t) if (prefer_f or not i_ready) else None
+        if f is not None:
+            next_f[f.stage] += 1
+            return run(r, f, t)
+        if i_ready:
+            _, j, neg_s = heapq.heappop(heap)
+            return run(r, Action(-neg_s, "I", j), t)
+        if pending_w[r]:
+            s, j = pending_w[r][0]
+            soon = heap[0][0] if heap else None
+            if fill > 0 and soon is not None and soon - t < fill * costs[s].W - _EPS:
+                return  # an I arrives before this W would end: keep the rank free for it
+            pending_w[r].popleft()
+            return run(r, Action(s, "W", j), t)
+
+    while left and times:
+        t = heapq.heappop(times)
+        while times and times[0] <= t + _EPS:
+            heapq.heappop(times)
+        for r in range(p):
+            if free[r] <= t + _EPS:
+                decide(r, t)
+    if left:
+        raise ValueError(
+            f"memory_limit={memory_limit:g} is too small to finish: a rank cannot run its next "
+            f"forward and has nothing to free; raise it to at least "
+            f"{max(_minimum(stage_to_rank, costs, r) for r in range(p)):g}"
+        )
+    return program
+
+
+def _minimum(stage_to_rank: list[int], costs: list[Costs], rank: int) -> float:
+    """Smallest limit that lets one microbatch through: every stage of the rank's activations."""
+    return sum(costs[s].mem_activation for s, r in enumerate(stage_to_rank) if r == rank) + max(
+        costs[s].mem_weight for s in range(len(stage_to_rank))
+    )

@@ -1,0 +1,104 @@
+"""`build_schedule(name, pp=, microbatches=, **options)`: the named schedules.
+
+Every builder refuses what it cannot build with a ValueError saying why, and ends with an
+invariant check: per stage, m forwards and m backwards (B, or I and W), nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from zbkit.schedules import _build_fixed as fixed
+from zbkit.schedules._auto import zb_auto, zb_v
+from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.simulate import Costs
+
+__all__ = ["SCHEDULES", "build_schedule"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto")
+
+
+def _single(fn: Callable[[int, int], dict]) -> Callable[..., Schedule]:
+    def build(pp: int, m: int, name: str) -> Schedule:
+        return Schedule(fn(pp, m), list(range(pp)), m, name)
+
+    return build
+
+
+def _interleaved(pp: int, m: int, name: str, stages_per_rank: int = 2) -> Schedule:
+    v = stages_per_rank
+    if not isinstance(v, int) or v < 1:
+        raise ValueError(f"interleaved-1f1b: stages_per_rank must be an int >= 1, got {v!r}")
+    if m % pp:
+        raise ValueError(
+            f"interleaved-1f1b: microbatches={m} must be a multiple of pp={pp} (Megatron's "
+            f"interleaved 1F1B sends microbatches in groups of pp); try {m + (-m) % pp}"
+        )
+    return Schedule(fixed.interleaved_1f1b(pp, m, v), [s % pp for s in range(v * pp)], m, name)
+
+
+_BUILDERS: dict[str, Callable[..., Schedule]] = {
+    "gpipe": _single(fixed.gpipe),
+    "1f1b": _single(fixed.one_f_one_b),
+    "interleaved-1f1b": _interleaved,
+    "zb-h1": _single(fixed.zb_h1),
+    "zb-h2": _single(fixed.zb_h2),
+    "zb-v": zb_v,
+    "zb-auto": zb_auto,
+}
+
+
+def build_schedule(
+    name: str,
+    *,
+    pp: int,
+    microbatches: int,
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    **options,
+) -> Schedule:
+    """Build schedule `name` (one of `SCHEDULES`) for `pp` ranks and `microbatches`.
+
+    Options: `stages_per_rank` (interleaved-1f1b, default 2); `costs` and `memory_limit`
+    (zb-auto, also zb-v; `memory_limit` in units of `Costs.mem_activation`).
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
+    for label, value in (("pp", pp), ("microbatches", microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}: {label} must be an int >= 1, got {value!r}")
+    if name in ("zb-auto", "zb-v"):
+        options.update(costs=costs, memory_limit=memory_limit)
+    elif costs is not None or memory_limit is not None:
+        raise ValueError(f"{name} takes no costs/memory_limit (only zb-auto and zb-v do)")
+    try:
+        schedule = _BUILDERS[name](pp, microbatches, name, **options)
+    except TypeError as err:
+        raise ValueError(f"{name}: bad option: {err}") from None
+    check_counts(schedule)
+    return schedule
+
+
+def check_counts(schedule: Schedule) -> None:
+    """Builder invariant: each stage has m F, and m B or m I and m W, on its own rank."""
+    counts = Counter(
+        (a.stage, a.kind, rank) for rank, prog in schedule.program.items() for a in prog
+    )
+    m = schedule.microbatches
+    for s, rank in enumerate(schedule.stage_to_rank):
+        got = {k: counts[s, k, rank] for k in "FIWB"}
+        ok = got["F"] == m and (
+            (got["B"] == m and got["I"] == got["W"] == 0)
+            or (got["B"] == 0 and got["I"] == got["W"] == m)
+        )
+        if not ok:
+            raise AssertionError(
+                f"{schedule.name}: builder bug: stage {s} on rank {rank} has {got}, expected "
+                f"F={m} and B={m} or I=W={m}"
+            )
+    total = sum(len(p) for p in schedule.program.values())
+    if total != sum(counts.values()) or total != sum(
+        (3 if counts[s, "I", r] else 2) * m for s, r in enumerate(schedule.stage_to_rank)
+    ):
+        raise AssertionError(f"{schedule.name}: builder bug: actions on the wrong rank")

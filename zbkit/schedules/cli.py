@@ -1,0 +1,64 @@
+"""`zbkit schedule NAME --pp 4 -m 8`: build (or load), validate, simulate and print a schedule."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zbkit.schedules._formulas import closed_form
+from zbkit.schedules.builders import SCHEDULES, build_schedule
+from zbkit.schedules.schedule import Schedule, ScheduleError
+from zbkit.schedules.simulate import Costs, simulate
+from zbkit.schedules.validate import validate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", choices=SCHEDULES, help="schedule to build")
+    parser.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
+    parser.add_argument("-m", "--microbatches", type=int, default=8, help="default 8")
+    parser.add_argument("--costs", default="1,1,1", help="F,I,W[,comm] per stage (default 1,1,1)")
+    parser.add_argument(
+        "--memory-limit", type=float, default=None, help="zb-auto/zb-v: in activations (M_B)"
+    )
+    parser.add_argument("--stages-per-rank", type=int, default=None, help="interleaved-1f1b: v")
+    parser.add_argument("--save", metavar="PATH", help="write the schedule as torch-style CSV")
+    parser.add_argument("--load", metavar="PATH", help="read a torch-style CSV instead of building")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        costs = Costs.parse(args.costs)
+        if args.load:
+            schedule = Schedule.load(args.load)
+        elif args.name:
+            options = {}
+            if args.stages_per_rank is not None:
+                options["stages_per_rank"] = args.stages_per_rank
+            if args.name in ("zb-auto", "zb-v"):
+                options.update(costs=costs, memory_limit=args.memory_limit)
+            schedule = build_schedule(
+                args.name, pp=args.pp, microbatches=args.microbatches, **options
+            )
+        else:
+            print("zbkit schedule: give a NAME or --load PATH", file=sys.stderr)
+            return 2
+        validate(schedule)
+        sim = simulate(schedule, costs, check=False)
+    except (ValueError, OSError) as err:  # ScheduleError is a ValueError
+        kind = "invalid schedule" if isinstance(err, ScheduleError) else "error"
+        print(f"zbkit schedule: {kind}: {err}", file=sys.stderr)
+        return 1
+    print(repr(schedule))
+    print(schedule.to_grid())
+    print(f"\ncosts: {costs}")
+    print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g})")
+    formula = closed_form(
+        schedule.name, schedule.pp, schedule.microbatches, costs, schedule.stages_per_rank
+    )
+    if formula is not None:
+        print(f"closed form: {formula[1]:.4f}  ({formula[0]})")
+    print("peak memory per rank:", ", ".join(f"{m:.4g}" for m in sim.peak_memory))
+    if args.save:
+        schedule.save(args.save)
+        print(f"saved to {args.save}")
+    return 0
