@@ -44,10 +44,24 @@ class Comm:
     stage: int
     microbatch: int
     peer: int  # rank in the pipeline group
+    action: str = ""  # the compute action it serves: the consumer of a recv, producer of a send
 
     def __str__(self) -> str:
         arrow = "->" if self.op == "send" else "<-"
         return f"{self.op} {self.what} {self.stage}:{self.microbatch} {arrow} rank {self.peer}"
+
+    def explain(self) -> str:
+        """The transfer in words, for error messages."""
+        what = "activations" if self.what == "act" else "output gradients"
+        if self.op == "recv":
+            return (
+                f"receiving the {what} of stage {self.stage} microbatch {self.microbatch} from "
+                f"rank {self.peer}, which {self.action} needs"
+            )
+        return (
+            f"sending the {what} {self.action} produced to rank {self.peer} "
+            f"(stage {self.stage} microbatch {self.microbatch})"
+        )
 
 
 def derive_plan(program: list[Any], stage_to_rank: list[int], rank: int) -> list[Any]:
@@ -57,14 +71,14 @@ def derive_plan(program: list[Any], stage_to_rank: list[int], rank: int) -> list
     for a in program:
         s, j = a.stage, a.microbatch
         if a.kind == "F" and s > 0 and stage_to_rank[s - 1] != rank:
-            plan.append(Comm("recv", "act", s, j, stage_to_rank[s - 1]))
+            plan.append(Comm("recv", "act", s, j, stage_to_rank[s - 1], str(a)))
         if a.kind in "IB" and s < last and stage_to_rank[s + 1] != rank:
-            plan.append(Comm("recv", "grad", s, j, stage_to_rank[s + 1]))
+            plan.append(Comm("recv", "grad", s, j, stage_to_rank[s + 1], str(a)))
         plan.append(a)
         if a.kind == "F" and s < last and stage_to_rank[s + 1] != rank:
-            plan.append(Comm("send", "act", s + 1, j, stage_to_rank[s + 1]))
+            plan.append(Comm("send", "act", s + 1, j, stage_to_rank[s + 1], str(a)))
         if a.kind in "IB" and s > 0 and stage_to_rank[s - 1] != rank:
-            plan.append(Comm("send", "grad", s - 1, j, stage_to_rank[s - 1]))
+            plan.append(Comm("send", "grad", s - 1, j, stage_to_rank[s - 1], str(a)))
     return plan
 
 
@@ -216,9 +230,9 @@ class P2P:
                 work.wait(datetime.timedelta(seconds=self.timeout))
             except RuntimeError as exc:
                 raise CommTimeout(
-                    f"{self.where}: {comm} for stage {comm.stage} microbatch {comm.microbatch} "
-                    f"did not complete within {self.timeout:g} s ({exc}). The peer rank may have "
-                    "failed, be stuck earlier in its program, or run another schedule"
+                    f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
+                    f"{comm.peer} may have failed (see its error), be stuck earlier in its "
+                    f"program, or run another schedule. [{str(exc).strip()[-160:]}]"
                 ) from exc
 
     def finish(self) -> None:

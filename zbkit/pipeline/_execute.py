@@ -146,7 +146,7 @@ class StepState:
         if key[1] in self.stages:  # the consuming stage lives here: hand over locally
             self.inbox[key] = handover(tensors)
         else:
-            self.outbox[key] = {k: v.detach() for k, v in tensors.items()}
+            self.outbox[key] = dict(tensors)  # the send records requires_grad, then detaches
 
     def finish(self) -> list[torch.Tensor] | None:
         """End of step: every stage clean, nothing left in the mailboxes; the losses."""

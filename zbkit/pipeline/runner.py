@@ -154,10 +154,18 @@ class ScheduleRunner:
             self.p2p.send(comm, state.outbox.pop(key))
 
     def _barrier(self) -> None:
-        if self.backend == "gloo":  # names the ranks that never arrived, after the timeout
-            dist.monitored_barrier(self.group, timeout=datetime.timedelta(seconds=self.timeout))
-        else:
-            dist.barrier(self.group)
+        try:
+            if self.backend == "gloo":  # names the ranks that never arrived, after the timeout
+                timeout = datetime.timedelta(seconds=self.timeout)
+                dist.monitored_barrier(self.group, timeout=timeout)
+            else:
+                dist.barrier(self.group)
+        except RuntimeError as exc:
+            raise CommTimeout(
+                f"rank {self.rank}: not every rank of the pipeline started the step within "
+                f"{self.timeout:g} s; one probably failed before it (see its error). "
+                f"[{str(exc).strip()[:300]}]"
+            ) from exc
 
     def _start_reduce(self, stage: int) -> tuple[Any, int, torch.Tensor, list[torch.Tensor]]:
         # One flat buffer per stage: one all-reduce instead of one per parameter.

@@ -1,0 +1,186 @@
+"""Functions the multi-process pipeline tests run on every rank (shipped by value)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from pipeline_models import batch, loss_fn, make_stages, oracle, schedule
+
+from zbkit.pipeline import PipelineStage, ScheduleRunner
+from zbkit.schedules import Costs, simulate
+
+
+def _device(backend: str) -> torch.device:
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _max_err(mods, expected) -> float:
+    worst = 0.0
+    for m, exp in zip(mods, expected, strict=True):
+        for n, p in m.named_parameters():
+            if (p.grad is None) != (exp[n] is None):
+                return float("inf")
+            if p.grad is not None:
+                worst = max(worst, (p.grad.cpu() - exp[n]).abs().max().item())
+    return worst
+
+
+def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list[dict]:
+    """Every (schedule, microbatches) case: this rank's gradients vs full-batch autograd."""
+    rank, dev = dist.get_rank(), _device(backend)
+    report = []
+    for name, m in cases:
+        sch = schedule(name, dist.get_world_size(), m)
+        mods = make_stages(sch.num_stages)
+        x, y = batch(3 * m)
+        loss, expected = oracle(mods, x, y)
+        mine = sch.stages_on(rank)
+        stages = [PipelineStage(mods[s].to(dev), s, sch.num_stages) for s in mine]
+        runner = ScheduleRunner(sch, stages, loss_fn, timeout=60)
+        holds_first, holds_last = 0 in mine, sch.num_stages - 1 in mine
+        losses = runner.step(x.to(dev) if holds_first else None,
+                             targets=y.to(dev) if holds_last else None)  # fmt: skip
+        sim = simulate(sch, Costs()).peak_memory[rank]
+        report.append(
+            {
+                "case": f"{name} m={m} rank {rank}",
+                "loss_err": abs(torch.stack(losses).mean().cpu() - loss).item()
+                if holds_last
+                else 0.0,
+                "losses_here": losses is not None,
+                "grad_err": _max_err([mods[s] for s in mine], [expected[s] for s in mine]),
+                "peak": runner.trace.peak_memory[rank] if runner.trace.memory_samples else None,
+                "sim_peak": sim,
+                "pending": runner.p2p.pending,
+                "held": sum(st.held_activations + st.held_weight_state for st in stages),
+                "events": len(runner.trace.events),
+                "actions": len(sch.program[rank]),
+            }
+        )
+    return report
+
+
+def check_pp_dp(names: list[str], m: int, backend: str = "gloo") -> list[dict]:
+    """PP x DP = 2 x 2: each replica trains on its half of the batch; the averaged gradients
+    equal one full-batch step on the whole batch."""
+    from zbkit.pipeline import pp_dp_groups
+
+    dev = _device(backend)
+    pp_group, dp_group, pp_rank, dp_rank = pp_dp_groups(pp=2, dp=2)
+    report = []
+    for name in names:
+        sch = schedule(name, 2, m)
+        mods = make_stages(sch.num_stages)
+        x, y = batch(2 * 3 * m)  # the global batch; replica d takes rows [d*3m, (d+1)*3m)
+        loss, expected = oracle(mods, x, y)
+        rows = slice(dp_rank * 3 * m, (dp_rank + 1) * 3 * m)
+        mine = sch.stages_on(pp_rank)
+        stages = [PipelineStage(mods[s].to(dev), s, sch.num_stages) for s in mine]
+        runner = ScheduleRunner(sch, stages, loss_fn, group=pp_group, dp_group=dp_group)
+        runner.step(x[rows].to(dev) if 0 in mine else None,
+                    targets=y[rows].to(dev) if sch.num_stages - 1 in mine else None)  # fmt: skip
+        report.append(
+            {
+                "case": f"pp x dp {name} pp_rank {pp_rank} dp_rank {dp_rank}",
+                "grad_err": _max_err([mods[s] for s in mine], [expected[s] for s in mine]),
+            }
+        )
+    return report
+
+
+def _fault_case(case: str, group, timeout: float) -> None:
+    """Runs one broken setup on a fresh group; raises whatever this rank runs into."""
+    from torch import nn
+
+    rank = dist.get_rank()
+    sch = schedule("1f1b", 4, 4)
+    mods = make_stages(4)
+    x, y = batch(8)
+    if case == "wrong world size":
+        sch = schedule("1f1b", 2, 4)
+    if case == "shape mismatch" and rank == 1:
+        mods[1] = nn.Sequential()  # placeholder replaced below: expects another width
+
+        class Narrow(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(3, 3)
+
+            def forward(self, x, skip):
+                return {"x": self.lin(x), "skip": skip}
+
+        mods[1] = Narrow()
+    if case == "stage raises" and rank == 2:
+
+        class Raises(nn.Module):
+            def forward(self, x, skip):
+                if x.shape[0] and torch.is_grad_enabled():
+                    raise RuntimeError("deliberate failure in stage 2")
+                return {"x": x, "skip": skip}
+
+        mods[2] = Raises()
+    if case == "non-dict output" and rank == 3:
+
+        class Tuple(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Linear(6, 2)
+
+            def forward(self, x, skip):
+                return (self.head(x),)
+
+        mods[3] = Tuple()
+    stages = [PipelineStage(mods[s], s, sch.num_stages) for s in sch.stages_on(rank)]
+    runner = ScheduleRunner(sch, stages, loss_fn, group=group, timeout=timeout)
+    targets = None if case == "missing target" else y
+    runner.step(x, targets=targets)
+
+
+def check_faults(cases: list[str], timeout: float) -> list[dict]:
+    """Every case on its own process group, so a failed case's stray messages stay there."""
+    report = []
+    for case in cases:
+        group = dist.new_group(list(range(dist.get_world_size())))
+        try:
+            _fault_case(case, group, timeout)
+            outcome = "ok"
+        except Exception as exc:  # the test asserts on the type and the message
+            outcome = f"{type(exc).__name__}: {exc}"
+        report.append({"case": case, "rank": dist.get_rank(), "outcome": outcome})
+    return report
+
+
+def check_everything(cases: list[tuple[str, int]], dp_names: list[str], backend: str) -> dict:
+    """One launch for all schedules x microbatch counts, then PP x DP on the same ranks."""
+    return {
+        "schedules": check_schedules(cases, backend),
+        "pp_dp": check_pp_dp(dp_names, 4, backend),
+    }
+
+
+def fail_in_stage() -> None:
+    """Rank 2's stage raises mid-step (microbatch 1): the caller gets rank 2's traceback."""
+    from torch import nn
+
+    rank = dist.get_rank()
+    sch = schedule("zb-h1", 4, 4)
+    mods = make_stages(4)
+
+    class FailsLater(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x, skip):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("deliberate failure on the second microbatch")
+            return {"x": x, "skip": skip}
+
+    if rank == 2:
+        mods[2] = FailsLater()
+    x, y = batch(8)
+    stages = [PipelineStage(mods[s], s, 4) for s in sch.stages_on(rank)]
+    ScheduleRunner(sch, stages, loss_fn, timeout=60).step(x, targets=y)

@@ -1,0 +1,96 @@
+"""ScheduleRunner on real ranks (4 gloo processes; NCCL when 4 GPUs are there).
+
+Process start-up dominates (~10 s per launch on a busy 2-core machine), so each launch
+checks many cases inside and returns a report that the assertions here read.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pipeline_models
+import pipeline_ranks
+import pytest
+import torch
+from pipeline_models import ALL_SCHEDULES
+
+from zbkit.launch import LaunchError, launch
+
+# The rank functions live in test helper modules the ranks cannot import: ship them by value.
+cloudpickle.register_pickle_by_value(pipeline_models)
+cloudpickle.register_pickle_by_value(pipeline_ranks)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.multiprocess
+
+BACKENDS = [
+    "gloo",
+    pytest.param(
+        "nccl",
+        marks=pytest.mark.skipif(torch.cuda.device_count() < 4, reason="NCCL needs 4 GPUs"),
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runner_matches_full_batch_autograd(backend: str) -> None:
+    cases = [(name, m) for name in ALL_SCHEDULES for m in (4, 8)] + [("zb-v", 2), ("1f1b", 1)]
+    out = launch(
+        pipeline_ranks.check_everything,
+        cases,
+        ["1f1b", "zb-h1", "zb-v"],
+        backend,
+        nprocs=4,
+        backend=backend,
+        timeout=240,
+    )
+    rows = [r for rank in out for r in rank["schedules"]]
+    assert len(rows) == 4 * len(cases)
+    for r in rows:
+        assert r["grad_err"] < 1e-5, r
+        assert r["loss_err"] < 1e-5, r
+        # the trace: one event per action; memory held == simulator's peak; nothing left
+        assert r["events"] == r["actions"], r
+        assert r["peak"] == r["sim_peak"], r
+        assert r["pending"] == 0 and r["held"] == 0, r
+    # losses come back on the last stage's rank only (rank 0 for zb-v, else rank 3)
+    for r in rows:
+        last_rank = 0 if r["case"].startswith("zb-v") else 3
+        assert r["losses_here"] == r["case"].endswith(f"rank {last_rank}"), r
+    dp = [r for rank in out for r in rank["pp_dp"]]
+    assert len(dp) == 4 * 3
+    for r in dp:
+        assert r["grad_err"] < 1e-5, r
+
+
+def test_faults_raise_clear_errors_and_never_hang() -> None:
+    cases = ["wrong world size", "missing target", "shape mismatch", "stage raises",
+             "non-dict output"]  # fmt: skip
+    out = launch(pipeline_ranks.check_faults, cases, 2.0, nprocs=4, timeout=120)
+    got = {(r["case"], r["rank"]): r["outcome"] for rank in out for r in rank}
+
+    for rank in range(4):
+        assert got["wrong world size", rank].startswith("ValueError: the schedule was built for 2")
+    assert "pass step(..., targets=...)" in got["missing target", 3]
+    for rank in range(3):  # the others stop at the step's start, naming what happened
+        assert got["missing target", rank].startswith("CommTimeout"), got["missing target", rank]
+    assert "stage 1 microbatch 0: the module's forward raised" in got["shape mismatch", 1]
+    assert "stage 2 microbatch 0: the module's forward raised" in got["stage raises", 2]
+    assert "stage 3 microbatch 0: a stage module must return dict" in got["non-dict output", 3]
+    # every waiting rank gives up after the timeout and names the action it waited for
+    waiting = {"shape mismatch": {0: "0B0", 2: "2F0", 3: "3F0"},
+               "stage raises": {0: "0B0", 1: "1B0", 3: "3F0"},
+               "non-dict output": {0: "0B0", 1: "1B0", 2: "2B0"}}  # fmt: skip
+    for case, ranks in waiting.items():
+        for rank, action in ranks.items():
+            msg = got[case, rank]
+            assert msg.startswith("CommTimeout") and f"which {action} needs" in msg, msg
+
+
+def test_a_failing_stage_reaches_the_caller_with_its_traceback() -> None:
+    with pytest.raises(LaunchError) as info:
+        launch(pipeline_ranks.fail_in_stage, nprocs=4, timeout=120)
+    text = str(info.value)
+    assert "rank 2" in text
+    assert "stage 2 microbatch 1" in text and "deliberate failure" in text
