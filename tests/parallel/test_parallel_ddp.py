@@ -73,7 +73,7 @@ def _ddp_rank_checks() -> dict:
                 def probe(b, model, micro=micro) -> None:
                     g = flat_grads(model)
                     same = all(torch.equal(g, other) for other in gathered(g))
-                    micro.append((b.sync_gradients, same, b.comm_stats.allreduces))
+                    micro.append((b.sync_gradients, same, b.comm_stats.reductions))
 
                 model, opt, sched = backend_train(backend, loader, 2, opt_name, probe=probe)
                 label = f"k={k} batches={batches} {opt_name} rank={rank}"
@@ -89,9 +89,9 @@ def _ddp_rank_checks() -> dict:
                 counts = [0] + [count for *_, count in micro]
                 moved = [after - before for before, after in zip(counts, counts[1:], strict=False)]
                 assert [m > 0 for m in moved] == [s for s, *_ in micro], label
-                assert backend.comm_stats.allreduces == steps * buckets, label
+                assert backend.comm_stats.reductions == steps * buckets, label
                 assert sched.scheduler.last_epoch == steps, label
-                cases.append((k, batches, opt_name, steps, backend.comm_stats.allreduces))
+                cases.append((k, batches, opt_name, steps, backend.comm_stats.reductions))
     return {"rank": rank, "world": world, "local_rank": get_local_rank(), "cases": cases}
 
 

@@ -121,13 +121,13 @@ def test_one_rank_group_ddp_counts_allreduces(clean_env: pytest.MonkeyPatch) -> 
             backend = create_backend("ddp", grad_accum_steps=k, **options)
             loader = DataLoader(TensorDataset(x[0], y[0]), batch_size=BATCH)
             seen: list[tuple[bool, int]] = []
-            probe = lambda b, m, seen=seen: seen.append((b.sync_gradients, b.comm_stats.allreduces))
+            probe = lambda b, m, seen=seen: seen.append((b.sync_gradients, b.comm_stats.reductions))
             model, _, _ = backend_train(backend, loader, epochs, "sgd", probe=probe)
             assert params_match(model, ref)
             stats = backend.comm_stats
             assert backend.optimizer_steps == ref_steps == steps
             assert stats.per_backward == per_backward
-            assert stats.allreduces == sum(per_backward)
+            assert stats.reductions == sum(per_backward)
             assert stats.buckets_seen == set(range(per_backward[-1]))
             assert stats.bytes == steps * param_bytes  # every gradient once per step
             # the counter moves only on synchronising micro-steps (no_sync elsewhere)

@@ -25,7 +25,7 @@ from zbkit.parallel import (
     TrainingBackend,
     create_backend,
 )
-from zbkit.parallel.backends import _ddp_device
+from zbkit.parallel._placement import replica_device
 
 WORLD = 2  # the single backend sees both "ranks'" micro-batches side by side
 
@@ -192,16 +192,16 @@ def test_ddp_backend_errors_without_a_process_group() -> None:
 
 def test_ddp_device_is_the_local_rank() -> None:
     cpu, cuda0, cuda3 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 3)
-    assert _ddp_device({cpu}, "gloo", local_rank=1, cuda_count=0) is None
-    assert _ddp_device({cpu}, "gloo", local_rank=1, cuda_count=8) is None  # CPU model: no ids
+    assert replica_device({cpu}, "gloo", local_rank=1, cuda_count=0) is None
+    assert replica_device({cpu}, "gloo", local_rank=1, cuda_count=8) is None  # CPU model: no ids
     # global rank 11 on the second 8-GPU machine is local rank 3 -> cuda:3
-    assert _ddp_device({cpu}, "nccl", local_rank=3, cuda_count=8) == cuda3
-    assert _ddp_device({cuda0}, "gloo", local_rank=3, cuda_count=8) == cuda3
-    assert _ddp_device({cpu}, "nccl", local_rank=3, cuda_count=1) == cuda0  # one visible GPU
+    assert replica_device({cpu}, "nccl", local_rank=3, cuda_count=8) == cuda3
+    assert replica_device({cuda0}, "gloo", local_rank=3, cuda_count=8) == cuda3
+    assert replica_device({cpu}, "nccl", local_rank=3, cuda_count=1) == cuda0  # one visible GPU
     with pytest.raises(RuntimeError, match="LOCAL_RANK=9 but only 8 GPUs"):
-        _ddp_device({cpu}, "nccl", local_rank=9, cuda_count=8)
+        replica_device({cpu}, "nccl", local_rank=9, cuda_count=8)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        _ddp_device({cpu}, "nccl", local_rank=0, cuda_count=0)
+        replica_device({cpu}, "nccl", local_rank=0, cuda_count=0)
 
 
 def test_epoch_left_mid_window_warns_and_device_is_reported() -> None:

@@ -19,12 +19,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from zbkit.parallel._comm_stats import CommStats, counting_allreduce_hook
+from zbkit.parallel._placement import place_replica, require_process_group
 from zbkit.parallel.accumulate import (
     AccumOptimizer,
     AccumScheduler,
@@ -32,7 +32,7 @@ from zbkit.parallel.accumulate import (
     GradientWindow,
 )
 from zbkit.parallel.factory import BackendFactory
-from zbkit.parallel.process_group import get_local_rank, get_world_size
+from zbkit.parallel.process_group import get_world_size
 
 
 class TrainingBackend:
@@ -199,33 +199,6 @@ class SingleBackend(TrainingBackend):
     name = "single"
 
 
-def _ddp_device(
-    param_devices: set[torch.device], group_backend: str, local_rank: int, cuda_count: int
-) -> torch.device | None:
-    """Where a DDP replica lives: None for CPU (gloo, no device_ids) or a CUDA device.
-
-    The GPU index is the LOCAL rank (rank on this machine), never the global rank: on
-    a second 8-GPU machine global ranks are 8..15 but the GPUs are cuda:0..7. When each
-    process sees a single GPU (CUDA_VISIBLE_DEVICES set per process) it is cuda:0.
-    """
-    on_cuda = any(d.type == "cuda" for d in param_devices)
-    if not on_cuda and "nccl" not in group_backend:
-        return None
-    if cuda_count == 0:
-        raise RuntimeError(
-            f"DDP with the {group_backend!r} process group needs a CUDA GPU and none is "
-            f"visible; use backend='gloo' for CPU training"
-        )
-    if cuda_count == 1:
-        return torch.device("cuda", 0)
-    if local_rank >= cuda_count:
-        raise RuntimeError(
-            f"LOCAL_RANK={local_rank} but only {cuda_count} GPUs are visible: start at most "
-            f"{cuda_count} processes per machine"
-        )
-    return torch.device("cuda", local_rank)
-
-
 _DDP_CHOSEN_BY_BACKEND = ("module", "device_ids", "output_device")
 
 
@@ -263,25 +236,13 @@ class DDPBackend(TrainingBackend):
         return sorted(["grad_accum_steps", *extra])
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "the ddp backend needs a process group: call zbkit.parallel.init_distributed() "
-                "in a script started by torchrun, or run inside zbkit.launch(...); "
-                "for one process use create_backend('single')"
-            )
-        group = self._ddp_options.get("process_group")
-        device = _ddp_device(
-            {p.device for p in model.parameters()},
-            str(dist.get_backend(group)),
-            get_local_rank(),
-            torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        )
+        require_process_group("ddp")
+        device = place_replica(model, self._ddp_options.get("process_group"))
         if device is None:  # CPU replica: gloo, and no device_ids at all
             ddp = DDP(model, **self._ddp_options)
-        else:
-            torch.cuda.set_device(device)
+        else:  # one GPU per process: cuda:LOCAL_RANK
             ddp = DDP(
-                model.to(device),
+                model,
                 device_ids=[device.index],
                 output_device=device.index,
                 **self._ddp_options,
