@@ -97,12 +97,13 @@ def _check_order(schedule: Schedule, seen: dict, a: Action, rank: int, pos: int)
                 f"({other} at position {seen[other][1]}); use B alone or I then W",
                 [seen[other], (rank, pos)],
             )
-        if Action(s, "F", j) not in seen:
-            raise _fail(
-                schedule,
-                f"rank {rank}, position {pos}: {_where(a)} comes before its forward {s}F{j}",
-                here,
+        forward = Action(s, "F", j)
+        if forward not in seen:
+            later = forward in schedule.program[rank]
+            problem = (
+                f"comes before its forward {forward}" if later else f"but {forward} is missing"
             )
+            raise _fail(schedule, f"rank {rank}, position {pos}: {_where(a)} {problem}", here)
     if a.kind == "W":
         if Action(s, "B", j) in seen:
             raise _fail(
