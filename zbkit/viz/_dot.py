@@ -40,7 +40,7 @@ def shorten(names: list[str], limit: int = 3) -> str:
     return head + (f", +{len(names) - limit} more" if len(names) > limit else "")
 
 
-def legend(phases: bool, groups: bool) -> graphviz.Digraph:
+def legend(phases: bool, groups: bool, highlight: str | None = None) -> graphviz.Digraph:
     """A small boxed key; node ids are fixed names, so the source stays deterministic."""
     key = graphviz.Digraph(name="cluster_legend")
     key.attr(label="legend", style="rounded", color="#999999", fontsize="10")
@@ -51,7 +51,12 @@ def legend(phases: bool, groups: bool) -> graphviz.Digraph:
     key.node(
         "legend_output", "stage output", shape="house", style="filled", fillcolor=c.OUTPUT_FILL
     )
-    if phases:
+    if highlight is not None:  # one pass lit: say which, and what the grey means
+        what = c.KIND_NAMES[highlight]
+        key.node("legend_i", f"runs in {highlight}\n({what})", fillcolor=c.KIND_COLORS[highlight])
+        if highlight != "F":
+            key.node("legend_w", "not in this pass", fillcolor=c.DIM_FILL, fontcolor=c.DIM_FONT)
+    elif phases:
         key.node("legend_i", "runs in I\n(input grad)", fillcolor=c.KIND_COLORS["I"])
         key.node("legend_w", "runs in W\n(weight grad)", fillcolor=c.KIND_COLORS["W"])
     else:

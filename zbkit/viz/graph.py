@@ -253,7 +253,7 @@ def draw_graph(
             dot.edge(a, b)
 
     if show_legend:
-        dot.subgraph(legend(phases or highlight is not None, bool(groups)))
+        dot.subgraph(legend(phases, bool(groups), highlight))
     summary = f"{len(w.nodes)} nodes, {len(groups)} param groups"
     if depth is not None:
         summary += f", collapsed to module depth {depth}"

@@ -1,0 +1,124 @@
+"""ParamGroupExplorer, ScheduleExplorer and RunViewer driven from Python.
+
+Oracles: the analysis' groups and the forward's tensor shapes; `simulate` itself and the
+closed-form bubble / memory of the paper; a real LocalPipeline trace against its simulation.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from zbkit.pipeline import LocalPipeline
+from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.splitgrad import analyze
+from zbkit.widgets import ParamGroupExplorer, RunViewer, ScheduleExplorer
+
+
+def _mlp_analysis():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.randn(5, 4, requires_grad=True)
+    return model, analyze(model(x), [x], model)
+
+
+def test_group_explorer_lists_the_chosen_group_and_highlights_it():
+    model, analysis = _mlp_analysis()
+    e = ParamGroupExplorer(analysis)
+    assert e.dropdown.value == -1 and "2 groups" in e.details.value
+    bodies = re.findall(r"subgraph cluster_group\d \{(.*?)\}", e.graph.source, re.S)
+    assert len(bodies) == 2 and all("penwidth=1 " in b for b in bodies)  # none chosen yet
+    e.select(0)  # the group holding 0.weight and 0.bias: the first Linear
+    info = analysis.groups[0]
+    assert info.param_names == ["0.weight", "0.bias"]
+    for name, _ in model.named_parameters():
+        shown = f"<td style='padding:0 8px'>{name}</td>" in e.details.value
+        assert shown == name.startswith("0.")
+    assert "(8, 4)" in e.details.value and "(8)" in e.details.value
+    # W of the first Linear starts where its output (5, 8) enters the input closure
+    assert re.search(r"Addmm\w*#\d+</td><td[^>]*>\(5, 8\) \(expected\)", e.details.value)
+    chosen = re.search(r"subgraph cluster_group0 \{(.*?)\}", e.graph.source, re.S).group(1)
+    assert "penwidth=2 " in chosen
+    e.dropdown.value = 1  # the dropdown does what select does
+    assert "2.weight" in e.details.value and "0.weight" not in e.details.value
+    with pytest.raises(ValueError, match="group 7 does not exist"):
+        e.select(7)
+    with pytest.raises(TypeError, match="SplitGradAnalysis"):
+        ParamGroupExplorer(model)
+
+
+def _number(html: str, row: str) -> str:
+    return re.search(re.escape(row) + r"[^<]*</td><td[^>]*>([^<]*)<", html).group(1)
+
+
+def test_schedule_explorer_numbers_are_the_simulation_and_the_closed_form():
+    e = ScheduleExplorer("1f1b", pp=4, microbatches=8)
+    sim = simulate(build_schedule("1f1b", pp=4, microbatches=8), Costs(1, 1, 1))
+    assert _number(e.numbers.value, "bubble rate") == f"{sim.bubble_rate:.2%}"
+    # closed form (p-1)(F+I+W) / ((p-1)(F+I+W) + m(F+I+W)) = 3 / 11
+    assert _number(e.numbers.value, "closed form (p-1)(F+I+W)") == f"{3 / 11:.2%}"
+    assert _number(e.numbers.value, "peak memory per rank") == "4, 3, 2, 1"
+    first_png = bytes(e.image.value)
+    assert first_png.startswith(b"\x89PNG")
+
+    e.controls["pp"].value, e.controls["m"].value = 8, 32
+    e.controls["schedule"].value = "zb-h1"
+    e.controls["W"].value = 0.5  # ZB-H1's bubble (p-1)(F+I-W) = 7 * 1.5 = 10.5
+    s = e.simulation
+    assert (s.schedule.name, s.schedule.pp, s.schedule.microbatches) == ("zb-h1", 8, 32)
+    assert s.bubble_rate == pytest.approx(10.5 / (10.5 + 32 * 2.5))
+    assert _number(e.numbers.value, "closed form (p-1)(F+I-W)") == f"{s.bubble_rate:.2%}"
+    assert bytes(e.image.value) != first_png
+
+    e.controls["limit"].value = 5  # 1F1B-like peak on rank 0 is min(p, m) = 8 > 5
+    assert "&gt; limit!" in e.numbers.value or "> limit!" in e.numbers.value
+    e.controls["schedule"].value = "zb-auto"  # now the limit steers the builder
+    assert max(e.simulation.peak_memory) <= 5
+
+    with pytest.raises(ValueError, match="multiple of pp"):
+        e.controls["m"].value = 9
+        e.controls["schedule"].value = "interleaved-1f1b"
+    assert "cannot build" in e.numbers.value
+    with pytest.raises(ValueError, match="unknown"):
+        ScheduleExplorer("fast")
+
+
+class _Stage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"x": torch.tanh(self.fc(x))}
+
+
+def test_run_viewer_shows_a_real_trace_beside_its_simulation():
+    torch.manual_seed(0)
+    schedule = build_schedule("zb-h1", pp=2, microbatches=4)
+    pipe = LocalPipeline(
+        [_Stage(), _Stage()], schedule, lambda out, y: ((out["x"] - y) ** 2).mean()
+    )
+    pipe.step({"x": torch.randn(8, 4)}, torch.randn(8, 4))
+    trace = pipe.trace
+    sim = simulate(schedule, Costs(1, 1, 1))
+    v = RunViewer(trace, sim)
+    labels = [t.get_text() for t in v.figure.axes[0].get_yticklabels()]
+    assert labels == ["rank 0 run", "rank 0 sim", "rank 1 run", "rank 1 sim"]
+    # measured numbers are the trace's own (its makespan and bubble rate)
+    assert f"run: makespan {trace.makespan:.4g}, bubble {trace.bubble_rate:.1%}" in v.numbers.value
+    assert f"sim: makespan {sim.makespan:.4g}" in v.numbers.value
+    actions = next(c for c in v.figure.axes[0].collections if c.get_gid() == "actions")
+    assert len(actions.get_paths()) == len(trace.events) + len(sim.events) == 2 * 2 * 4 * 3
+    v.show(1)
+    labels = [t.get_text() for t in v.figure.axes[0].get_yticklabels()]
+    assert labels == ["rank 1 run", "rank 1 sim"]
+    assert v.numbers.value.count("<tr>") == 2  # header + rank 1
+    v.compare.value = "overlay"
+    assert [t.get_text() for t in v.figure.axes[0].get_yticklabels()] == ["rank 1"]
+    with pytest.raises(ValueError, match="rank 5 is not in this run"):
+        v.show(5)
+    alone = RunViewer(list(sim.events))  # no simulation: one row per rank, no toggle
+    assert alone.compare.layout.display == "none" and "sim:" not in alone.numbers.value

@@ -1,0 +1,78 @@
+"""SplitBackwardStepper driven from Python: click F, I, W; the oracle is plain autograd."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from zbkit.viz._colors import DIM_FILL, KIND_COLORS
+from zbkit.widgets import SplitBackwardStepper
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 6)
+        self.fc2 = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))  # (5, 3): not a scalar, gradient = ones
+
+
+def _oracle(model: nn.Module, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    xs = x.detach().clone().requires_grad_(True)
+    out = model(xs)
+    *grads, gx = torch.autograd.grad(out.sum(), [*model.parameters(), xs])
+    return grads, gx
+
+
+def test_clicking_f_i_w_fills_grads_in_order_and_matches_autograd():
+    torch.manual_seed(0)
+    model = Mlp()
+    x = torch.randn(5, 4)
+    want_params, want_x = _oracle(model, x)
+    s = SplitBackwardStepper(model, x)
+    assert s.phase == "ready" and s.graph is None
+    assert [b.disabled for k, b in s.buttons.items() if k != "reset"] == [False, True, True]
+
+    s.buttons["F"].click()
+    assert s.phase == "F" and all(p.grad is None for p in model.parameters())
+    assert not s.buttons["I"].disabled and s.buttons["F"].disabled and s.buttons["W"].disabled
+    assert len(s.analysis.groups) == 2 and "fc1.weight" in s.graph.source
+    f_colours = s.graph.source.count(KIND_COLORS["F"])
+
+    s.buttons["I"].click()
+    assert all(p.grad is None for p in model.parameters())  # I leaves every .grad alone
+    assert torch.allclose(s.input_grads[0], want_x, atol=1e-6)
+    table = s.table.value
+    assert re.search(r"input 0</td><td[^>]*>\(5, 4\)</td><td[^>]*>filled", table)
+    assert table.count(">empty<") == 4 and table.count(">yes<") == 1
+    i_src = s.graph.source
+    assert KIND_COLORS["I"] in i_src and DIM_FILL in i_src and KIND_COLORS["W"] not in i_src
+
+    s.buttons["W"].click()
+    for p, want in zip(model.parameters(), want_params, strict=True):
+        assert torch.allclose(p.grad, want, atol=1e-6)
+    assert s.table.value.count(">yes<") == 5 and ">NO<" not in s.table.value
+    assert KIND_COLORS["W"] in s.graph.source and KIND_COLORS["I"] not in s.graph.source
+    assert f_colours > 0 and "W done" in s.status.value
+
+    # F again starts over from empty .grad (the table shows one step's work)
+    s.buttons["F"].click()
+    assert all(p.grad is None for p in model.parameters()) and s.phase == "F"
+    s.buttons["reset"].click()
+    assert s.phase == "ready" and not s.buttons["F"].disabled
+
+
+def test_out_of_order_steps_and_bad_inputs_are_refused_clearly():
+    model = Mlp()
+    s = SplitBackwardStepper(model, [torch.randn(2, 4)])
+    with pytest.raises(RuntimeError, match="out of order: next is F"):
+        s.step("W")
+    with pytest.raises(ValueError, match="use one of F, I, W, reset"):
+        s.step("B")
+    with pytest.raises(TypeError, match="inputs\\[0\\] is list"):
+        SplitBackwardStepper(model, [[1.0, 2.0]])

@@ -1,0 +1,105 @@
+"""`ParamGroupExplorer`: pick a ParamGroup, see it on the graph with what W needs to run it."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as w
+from IPython.display import display
+
+from zbkit.viz import draw_graph
+from zbkit.viz._autograd import node_shape, shape_text
+from zbkit.widgets._common import table_html
+
+
+def _captured_shapes(node: Any, captured: Any) -> str:
+    """Shapes of the gradients I records at a split point: one per output edge of the node.
+
+    After `stage_backward_input` they are the real captured tensors; before, the shapes autograd
+    expects there (what the forward produced), so the table is useful before any backward.
+    """
+    if captured is not None:
+        return ", ".join(shape_text(g.shape) if g is not None else "None" for g in captured)
+    try:
+        return ", ".join(shape_text(m.shape) for m in node._input_metadata) + " (expected)"
+    except (AttributeError, TypeError):
+        return "?"
+
+
+class ParamGroupExplorer(w.VBox):
+    """A dropdown of the analysis' groups; the graph highlights the chosen one.
+
+    Lists the group's parameters (with shapes), its intermediates (where I stops and W starts)
+    with the shapes of the gradients captured there, and outputs outside the input closure.
+    `select(i)` does from code what the dropdown does.
+    """
+
+    def __init__(self, analysis: Any, *, max_nodes: int = 40) -> None:
+        if not hasattr(analysis, "groups") or not hasattr(analysis, "reverse_graph"):
+            raise TypeError(
+                "ParamGroupExplorer takes a SplitGradAnalysis from "
+                f"zbkit.splitgrad.analyze(outputs, inputs, module); got {type(analysis).__name__}"
+            )
+        self.analysis = analysis
+        self.max_nodes = max_nodes
+        options = [("all groups", -1)] + [
+            (f"group {g.index}: {', '.join(g.param_names)}"[:70], g.index) for g in analysis.groups
+        ]
+        self.dropdown = w.Dropdown(options=options, value=-1, description="group")
+        self.dropdown.add_class("zb-group-select")
+        self.details = w.HTML()
+        self.out = w.Output()  # the graph, and any error
+        self.graph: Any = None
+        self.dropdown.observe(lambda change: self._show(change["new"]), names="value")
+        super().__init__([self.dropdown, self.details, self.out])
+        self.add_class("zb-group-explorer")
+        self._show(-1)
+
+    def select(self, index: int) -> None:
+        """Show group `index` (-1: all groups)."""
+        valid = [v for _, v in self.dropdown.options]
+        if index not in valid:
+            raise ValueError(f"group {index} does not exist; choose one of {valid}")
+        self.dropdown.value = index  # triggers _show through the observer
+
+    def _show(self, index: int) -> None:
+        with self.out:
+            self.out.clear_output(wait=True)
+            group = None if index == -1 else index
+            self.graph = draw_graph(self.analysis, group=group, max_nodes=self.max_nodes)
+            self.details.value = self._details(group)
+            display(self.graph)
+
+    def _details(self, index: int | None) -> str:
+        a = self.analysis
+        if index is None:
+            rows = [
+                [g.index, ", ".join(g.param_names), ", ".join(g.intermediates) or "-"]
+                for g in a.groups
+            ]
+            head = (
+                f"<p>{len(a.groups)} groups; {len(a.input_closure)} of {len(a.reverse_graph)} "
+                "autograd nodes run in the input pass (I).</p>"
+            )
+            return head + table_html(["group", "parameters", "W starts at"], rows)
+        info = a.groups[index]
+        group = info.group
+        params = [
+            [name, shape_text(node_shape(node))]
+            for name, node in zip(info.param_names, group.param_order, strict=True)
+        ]
+        captured = list(group.grads or []) + [None] * len(group.intermediates or [])
+        splits = [
+            [label, _captured_shapes(node, captured[k])]
+            for k, (label, node) in enumerate(
+                zip(info.intermediates, group.intermediates or [], strict=False)
+            )
+        ]
+        outputs = ", ".join(info.outputs) or "none"
+        return (
+            f"<p><b>group {index}</b>: {len(params)} parameters, W starts at "
+            f"{len(splits)} split points; outputs outside I feeding it: {html.escape(outputs)}</p>"
+            + table_html(["parameter", "shape"], params)
+            + table_html(["split point (intermediate)", "captured gradient shapes"], splits)
+        )

@@ -1,0 +1,85 @@
+"""`RunViewer`: a measured pipeline run beside its simulation, one rank or all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as w
+
+from zbkit.viz import plot_schedule
+from zbkit.viz._events import rank_spans, timeline
+from zbkit.widgets._common import table_html
+
+
+class RunViewer(w.VBox):
+    """Show `trace` (runner.trace, or a list of events), with `simulation` aligned under it.
+
+    A rank selector picks one rank or all; with a simulation, a toggle switches between two
+    rows per rank and the simulated boxes outlined over the measured ones. `show(rank)` does
+    from code what the selector does.
+    """
+
+    def __init__(self, trace: Any, simulation: Any = None, *, unit: str = "time") -> None:
+        self.trace = trace
+        self.simulation = simulation
+        self.unit = unit
+        self.run = timeline(trace)  # validates the events now, with a clear error
+        self.sim = timeline(simulation) if simulation is not None else None
+        ranks = max(self.run.num_ranks, self.sim.num_ranks if self.sim else 0)
+        self.rank = w.Dropdown(
+            options=[("all ranks", -1)] + [(f"rank {r}", r) for r in range(ranks)],
+            value=-1,
+            description="show",
+        )
+        self.rank.add_class("zb-rank-select")
+        self.compare = w.ToggleButtons(options=["rows", "overlay"], value="rows")
+        self.compare.layout.display = None if simulation is not None else "none"
+        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.numbers = w.HTML()
+        self.out = w.Output()
+        self.figure: Any = None
+        for control in (self.rank, self.compare):
+            control.observe(lambda _: self.redraw(), names="value")
+        super().__init__([w.HBox([self.rank, self.compare]), self.out, self.image, self.numbers])
+        self.add_class("zb-run-viewer")
+        self.redraw()
+
+    def show(self, rank: int) -> None:
+        """Show one rank (or -1 for all)."""
+        valid = [v for _, v in self.rank.options]
+        if rank not in valid:
+            raise ValueError(f"rank {rank} is not in this run; choose one of {valid}")
+        self.rank.value = rank
+
+    def redraw(self) -> None:
+        with self.out:
+            self.out.clear_output(wait=True)
+            ranks = None if self.rank.value == -1 else [self.rank.value]
+            self.figure = plot_schedule(
+                self.trace,
+                simulation=self.simulation,
+                compare=self.compare.value,
+                ranks=ranks,
+                unit=self.unit,
+            )
+            self.image.value = self.figure.to_png(dpi=80)
+            self.numbers.value = self._numbers(ranks)
+
+    def _numbers(self, ranks: list[int] | None) -> str:
+        run = rank_spans(self.run.events)
+        sim = rank_spans(self.sim.events) if self.sim else {}
+        shown = ranks if ranks is not None else sorted(set(run) | set(sim))
+        header = ["rank", "run: busy", "run: idle"]
+        if self.sim:
+            header += ["sim: busy", "sim: idle"]
+        rows = []
+        for r in shown:
+            row = [r]
+            for spans in (run, sim) if self.sim else (run,):
+                lo, hi, busy = spans.get(r, (0.0, 0.0, 0.0))
+                row += [f"{busy:.4g}", f"{hi - lo - busy:.4g}"]
+            rows.append(row)
+        head = f"<p>run: makespan {self.run.makespan:.4g}, bubble {self.run.bubble_rate:.1%}"
+        if self.sim:
+            head += f"; sim: makespan {self.sim.makespan:.4g}, bubble {self.sim.bubble_rate:.1%}"
+        return head + "</p>" + table_html(header, rows)

@@ -1,0 +1,117 @@
+"""`ScheduleExplorer`: change a schedule, pp, m, costs or the memory limit; see the bubbles move.
+
+Every change rebuilds the schedule, simulates it and redraws (about 0.1 s for p = 8, m = 32;
+`benchmarks/viz_speed.py` measures it). The picture goes into an `Image` widget, the numbers
+into an `HTML` one, and any error (a schedule that cannot be built) into the `Output`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as w
+
+from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.viz import plot_schedule
+from zbkit.widgets._closed_form import bubble, peak_memory
+from zbkit.widgets._common import table_html
+
+_DPI = 72  # the explorer redraws often: a smaller bitmap keeps it under 200 ms
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.3g}" for v in values)
+
+
+class ScheduleExplorer(w.VBox):
+    """Schedule, pp, m, F / I / W / comm costs and a memory limit -> plot and numbers.
+
+    `simulation` holds the last Simulation, `figure` the last Figure; setting any control's
+    `.value` from code redraws, as a slider move does.
+    """
+
+    def __init__(
+        self,
+        schedule: str = "zb-h1",
+        pp: int = 4,
+        microbatches: int = 8,
+        costs: Costs | None = None,
+        memory_limit: float = 0.0,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule {schedule!r} unknown; choose one of {SCHEDULES}")
+        costs = costs if costs is not None else Costs(1.0, 1.0, 1.0, comm=0.0)
+        slider = dict(continuous_update=False, style={"description_width": "110px"})
+        self.controls: dict[str, Any] = {
+            "schedule": w.Dropdown(options=SCHEDULES, value=schedule, description="schedule"),
+            "pp": w.IntSlider(value=pp, min=1, max=16, description="pp (ranks)", **slider),
+            "m": w.IntSlider(
+                value=microbatches, min=1, max=64, description="m (microbatches)", **slider
+            ),
+            "F": w.FloatSlider(value=costs.F, min=0.1, max=4, step=0.1, description="F", **slider),
+            "I": w.FloatSlider(value=costs.I, min=0.1, max=4, step=0.1, description="I", **slider),
+            "W": w.FloatSlider(value=costs.W, min=0.0, max=4, step=0.1, description="W", **slider),
+            "comm": w.FloatSlider(
+                value=costs.comm, min=0, max=2, step=0.05, description="comm", **slider
+            ),
+            "limit": w.FloatSlider(
+                value=memory_limit,
+                min=0,
+                max=64,
+                step=1,
+                description="memory limit (0: none)",
+                **slider,
+            ),
+        }
+        for name, control in self.controls.items():
+            control.add_class(f"zb-ctl-{name}")
+            control.observe(lambda _: self.redraw(), names="value")
+        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.numbers = w.HTML()
+        self.out = w.Output()  # errors land here instead of vanishing
+        self.simulation: Any = None
+        self.figure: Any = None
+        left = w.VBox(list(self.controls.values())[:4])
+        right = w.VBox(list(self.controls.values())[4:])
+        super().__init__([w.HBox([left, right]), self.out, self.numbers, self.image])
+        self.add_class("zb-schedule-explorer")
+        self.redraw()
+
+    def costs(self) -> Costs:
+        c = self.controls
+        return Costs(c["F"].value, c["I"].value, c["W"].value, comm=c["comm"].value)
+
+    def redraw(self) -> None:
+        with self.out:
+            self.out.clear_output(wait=True)
+            c = self.controls
+            name, pp, m = c["schedule"].value, c["pp"].value, c["m"].value
+            limit = c["limit"].value or None
+            costs = self.costs()
+            options = {"costs": costs, "memory_limit": limit} if name == "zb-auto" else {}
+            try:
+                schedule = build_schedule(name, pp=pp, microbatches=m, **options)
+            except ValueError as err:  # e.g. m not a multiple of pp: say so, keep the old plot
+                self.numbers.value = f"<p style='color:#b00'>cannot build: {err}</p>"
+                raise
+            self.simulation = simulate(schedule, costs, check=False)
+            self.figure = plot_schedule(self.simulation, width=11, labels=m * pp <= 128)
+            self.image.value = self.figure.to_png(dpi=_DPI)
+            self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit)
+
+    def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None) -> str:
+        sim, costs = self.simulation, self.costs()
+        rows = [["bubble rate", f"{sim.bubble_rate:.2%}"], ["makespan", f"{sim.makespan:.4g}"]]
+        cf = bubble(name, pp, m, v, costs)
+        if cf is not None:
+            note = " (ignores comm)" if costs.comm else ""
+            rows.append([f"closed form {cf.formula}{note}", f"{cf.rate:.2%}"])
+        else:
+            rows.append(["closed form", "none for these settings (simulated only)"])
+        peak = sim.peak_memory
+        over = limit is not None and max(peak) > limit
+        rows.append(["peak memory per rank", _fmt(peak) + ("  > limit!" if over else "")])
+        pm = peak_memory(name, pp, m, v, costs)
+        if pm is not None:
+            rows.append([f"closed form {pm[0]}", _fmt(pm[1])])
+        return table_html(["", "value"], rows)

@@ -1,0 +1,155 @@
+"""`SplitBackwardStepper`: run F, then I, then W by hand and watch the `.grad`s fill in.
+
+The point to see: after I the inputs have their gradient and no parameter has one; after W
+every parameter's `.grad` equals what one plain `backward()` gives (the oracle column).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets as w
+import torch
+from IPython.display import display
+
+from zbkit.splitgrad import analyze, stage_backward_input, stage_backward_weight
+from zbkit.viz import draw_graph
+from zbkit.widgets._common import as_tensors, table_html
+
+_PHASES = ("F", "I", "W")
+_BUTTON_TEXT = {"F": "F: forward", "I": "I: input grad", "W": "W: weight grad", "reset": "reset"}
+_NEXT = {"ready": "F", "F": "I", "I": "W", "W": "F"}  # which button is live after each phase
+
+
+def _norm(t: torch.Tensor | None) -> str:
+    return "-" if t is None else f"{t.norm().item():.4g}"
+
+
+class SplitBackwardStepper(w.VBox):
+    """Buttons F -> I -> W (and reset) on `module(*inputs)`; graph and `.grad` table update.
+
+    A non-scalar output gets gradient ones (as if its sum were the loss). Attributes for code:
+    `buttons` (dict of the four buttons), `phase` ("ready", "F", "I" or "W"), `graph` (the last
+    drawing), `table` (an HTML widget), `input_grads` (after I).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        inputs: torch.Tensor | Sequence[torch.Tensor],
+        output_grads: Sequence[torch.Tensor | None] | None = None,
+    ) -> None:
+        self.module = module
+        self.inputs = as_tensors(inputs, "inputs")
+        self.output_grads = output_grads
+        self.weights = [p for p in module.parameters() if p.requires_grad]
+        self.names = {id(p): n for n, p in module.named_parameters()}  # lookup only
+        self.ref_weights, self.ref_inputs = self._plain_autograd()
+        self.phase = "ready"
+        self.graph: Any = None
+        self.analysis: Any = None
+        self.input_grads: list[torch.Tensor | None] = []
+
+        self.buttons = {k: w.Button(description=t) for k, t in _BUTTON_TEXT.items()}
+        for kind, button in self.buttons.items():
+            button.on_click(lambda _, kind=kind: self.step(kind))
+            button.add_class(f"zb-step-{kind}")
+        self.status = w.HTML()
+        self.out = w.Output(layout=w.Layout(min_width="420px"))  # graph, and any error
+        self.table = w.HTML()
+        super().__init__(
+            [
+                w.HTML("<b>Split backward, step by step</b>"),
+                w.HBox(list(self.buttons.values())),
+                self.status,
+                w.HBox([self.out, self.table]),
+            ]
+        )
+        self.add_class("zb-stepper")
+        self._refresh()
+
+    # -------------------------------------------------------------- the three passes
+    def _forward(self) -> list[torch.Tensor]:
+        # fresh leaf copies: each F starts a new graph, and the caller's tensors stay untouched
+        self.xs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in self.inputs]
+        out = self.module(*self.xs)
+        outputs = as_tensors(out.values() if isinstance(out, dict) else out, "module output")
+        grads = self.output_grads
+        if grads is None and any(o.numel() != 1 for o in outputs):
+            grads = [torch.ones_like(o) for o in outputs]  # gradient of sum(outputs)
+        self.grads = grads
+        return outputs
+
+    def _plain_autograd(self) -> tuple[list[Any], list[Any]]:
+        """The oracle: (weight grads, input grads) of one plain backward; no `.grad` changes."""
+        outputs = self._forward()
+        grads = self.grads if self.grads is not None else [None] * len(outputs)
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
+        xs = [x for x in self.xs if x.requires_grad]
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], self.weights + xs, [g for _, g in pairs], allow_unused=True
+        )
+        by_input = iter(found[len(self.weights) :])
+        inputs = [next(by_input) if x.requires_grad else None for x in self.xs]
+        return list(found[: len(self.weights)]), inputs
+
+    def step(self, kind: str) -> None:
+        """Press a button from code: "F", "I", "W" or "reset"."""
+        with self.out:
+            self.out.clear_output(wait=True)
+            if kind not in _BUTTON_TEXT:
+                raise ValueError(f"step({kind!r}): use one of {', '.join(_BUTTON_TEXT)}")
+            if kind != "reset" and kind != _NEXT[self.phase]:
+                raise RuntimeError(f"step {kind} now is out of order: next is {_NEXT[self.phase]}")
+            if kind in ("reset", "F"):
+                for p in self.weights:
+                    p.grad = None  # start from empty .grad, so the table shows one step's work
+                self.input_grads = []
+            if kind == "F":
+                self.outputs = self._forward()
+                self.analysis = analyze(self.outputs, self.xs, self.module)
+            elif kind == "I":
+                self.result = stage_backward_input(self.outputs, self.grads, self.xs, self.weights)
+                self.input_grads = self.result.input_grads
+            elif kind == "W":
+                stage_backward_weight(self.weights, self.result.param_groups)
+            self.phase = "ready" if kind == "reset" else kind
+            self._refresh()
+
+    # -------------------------------------------------------------- drawing
+    def _refresh(self) -> None:
+        live = _NEXT[self.phase]
+        for kind in _PHASES:
+            self.buttons[kind].disabled = kind != live
+            self.buttons[kind].button_style = "primary" if kind == live else ""
+        said = {
+            "ready": "Press F to run the forward and build the autograd graph.",
+            "F": "Forward done: the graph exists, no gradient yet. Next: I.",
+            "I": "I done: the inputs have gradients; no parameter's .grad changed. Next: W.",
+            "W": "W done: every .grad is filled and equals plain autograd's.",
+        }[self.phase]
+        self.status.value = f"<p>phase <b>{self.phase}</b>: {html.escape(said)}</p>"
+        self.table.value = self._table()
+        if self.analysis is not None:
+            phase = self.phase if self.phase in _PHASES else None
+            self.graph = draw_graph(self.analysis, highlight=phase)
+            display(self.graph)
+
+    def _table(self) -> str:
+        rows = []
+        for k, x in enumerate(self.inputs):
+            got = self.input_grads[k] if k < len(self.input_grads) else None
+            rows.append((f"input {k}", x, got, self.ref_inputs[k]))
+        for p, ref in zip(self.weights, self.ref_weights, strict=True):
+            rows.append((self.names.get(id(p), "?"), p, p.grad, ref))
+        body = []
+        for name, t, got, ref in rows:
+            if got is None or ref is None:
+                same = "-"
+            else:
+                same = "yes" if torch.allclose(got, ref, rtol=1e-5, atol=1e-6) else "NO"
+            filled = "filled" if got is not None else "empty"
+            body.append([name, str(tuple(t.shape)), filled, _norm(got), same])
+        return table_html(["tensor", "shape", ".grad", "norm", "= plain autograd"], body)
