@@ -77,10 +77,18 @@ def reference_train(
     return model, steps
 
 
+def full_params(model: nn.Module) -> list[torch.Tensor]:
+    """Parameters as plain tensors (FSDP's DTensor shards are gathered in full)."""
+    return [
+        p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach()
+        for p in model.parameters()
+    ]
+
+
 def params_match(a: nn.Module, b: nn.Module, rtol: float = 1e-5, atol: float = 1e-7) -> bool:
     return all(
         torch.allclose(p, q, rtol=rtol, atol=atol)
-        for p, q in zip(a.parameters(), b.parameters(), strict=True)
+        for p, q in zip(full_params(a), full_params(b), strict=True)
     )
 
 

@@ -155,3 +155,33 @@ def test_prepare_places_cpu_replica_without_device_ids(clean_env: pytest.MonkeyP
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_one_rank_group_fsdp_matches_oracle(clean_env: pytest.MonkeyPatch) -> None:
+    for name, value in [("RANK", 0), ("WORLD_SIZE", 1), ("MASTER_ADDR", "127.0.0.1")]:
+        clean_env.setenv(name, str(value))
+    clean_env.setenv("MASTER_PORT", str(_free_port()))
+    try:
+        init_distributed("gloo", timeout=60)
+        k, batches, epochs = 3, 7, 2
+        x, y = make_data(1, batches)
+        ref, ref_steps = reference_train(x, y, k, epochs, "adamw")
+        backend = create_backend("fsdp", grad_accum_steps=k)
+        loader = DataLoader(TensorDataset(x[0], y[0]), batch_size=BATCH)
+        model, opt, _ = backend_train(backend, loader, epochs, "adamw")
+        assert params_match(model, ref)  # also proves the optimizer got the sharded params
+        assert backend.optimizer_steps == ref_steps
+        assert backend.comm_stats.reductions == 2 * ref_steps  # one per sharded Linear
+
+        stepped = make_model()
+        opt = torch.optim.SGD(stepped.parameters(), lr=0.1, momentum=0.9)
+        stepped(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        with pytest.raises(ValueError, match="optimizer already has state"):
+            create_backend("fsdp").prepare(stepped, opt)
+        with pytest.raises(TypeError, match="sharded with fully_shard"):
+            with create_backend("fsdp").accumulate(make_model()):
+                pass
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

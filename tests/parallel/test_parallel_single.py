@@ -147,7 +147,7 @@ def test_usage_errors_are_clear() -> None:
 
 
 def test_factory_names_duplicates_and_options() -> None:
-    assert {"ddp", "single"} <= set(BackendFactory.names())
+    assert {"ddp", "fsdp", "single"} <= set(BackendFactory.names())
     with pytest.raises(ValueError, match="unknown backend 'dpp'; known backends: .*ddp.*single"):
         create_backend("dpp")
     with pytest.raises(TypeError, match="unknown option.*grad_acum_steps.*accepts: grad_accum"):
@@ -177,6 +177,8 @@ def test_factory_names_duplicates_and_options() -> None:
     finally:
         BackendFactory.unregister("test-mine")
     assert "test-mine" not in BackendFactory.names()
+    with pytest.raises(TypeError, match="unknown option.*bucket_cap_mb.*reshard_after_forward"):
+        create_backend("fsdp", bucket_cap_mb=1)
     ddp = create_backend("ddp", grad_accum_steps=3, bucket_cap_mb=1)
     assert isinstance(ddp, DDPBackend) and ddp.grad_accum_steps == 3
 
@@ -188,6 +190,8 @@ def test_ddp_backend_errors_without_a_process_group() -> None:
     with pytest.raises(TypeError, match="model returned by backend.prepare"):
         with backend.accumulate(nn.Linear(2, 1)):
             pass
+    with pytest.raises(RuntimeError, match="fsdp backend needs a process group"):
+        create_backend("fsdp").prepare(nn.Linear(2, 1))
 
 
 def test_ddp_device_is_the_local_rank() -> None:

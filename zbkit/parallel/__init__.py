@@ -10,6 +10,7 @@ from zbkit.parallel._comm_stats import CommStats
 from zbkit.parallel.accumulate import AccumOptimizer, AccumScheduler, AccumulatingLoader
 from zbkit.parallel.backends import DDPBackend, SingleBackend, TrainingBackend
 from zbkit.parallel.factory import BackendFactory, create_backend
+from zbkit.parallel.fsdp import FSDPBackend
 from zbkit.parallel.process_group import get_local_rank, get_rank, get_world_size, init_distributed
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "BackendFactory",
     "CommStats",
     "DDPBackend",
+    "FSDPBackend",
     "SingleBackend",
     "TrainingBackend",
     "create_backend",
