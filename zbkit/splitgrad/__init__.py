@@ -7,11 +7,11 @@ from zbkit.splitgrad._backward import (
     BackwardInputResult,
     stage_backward_full,
     stage_backward_input,
-    stage_backward_weight,
 )
 from zbkit.splitgrad._directions import GradDirection, grad_directions, needs_direction
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node, reverse_closure
 from zbkit.splitgrad._groups import ParamGroup, group_params
+from zbkit.splitgrad._weight import stage_backward_weight
 from zbkit.splitgrad.analysis import SplitGradAnalysis, analyze
 
 __all__ = [

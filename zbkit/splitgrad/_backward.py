@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+from torch.autograd.graph import Node, get_gradient_edge
 
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node
@@ -169,66 +169,3 @@ def stage_backward_input(
     found_iter = iter(found)
     input_grads = [next(found_iter, None) if x.requires_grad else None for x in inputs]
     return BackwardInputResult(input_grads=input_grads, param_groups=groups)
-
-
-def _clamp(captured: tuple | None, grad_outputs: tuple) -> tuple:
-    # W may reach this intermediate from a later one of the same group; what
-    # arrives then is already part of `captured`, so replace it, never add
-    return captured if captured is not None else tuple(None for _ in grad_outputs)
-
-
-def _run_group(group: ParamGroup, retain_graph: bool) -> None:
-    if group.intermediates is None:
-        raise RuntimeError(
-            "this ParamGroup's weight pass already ran; run stage_backward_input again "
-            "(a new forward) before another stage_backward_weight"
-        )
-    edges, grads = list(group.root_edges), list(group.root_grads)
-    for node, captured in zip(group.intermediates, group.grads or (), strict=False):
-        for k, g in enumerate(captured or ()):
-            if g is not None:
-                edges.append(GradientEdge(node, k))
-                grads.append(g)
-    handles = []
-    try:
-        if len(group.intermediates) > 1:
-            for node, captured in zip(group.intermediates, group.grads, strict=True):
-                handles.append(node.register_prehook(functools.partial(_clamp, captured)))
-        if edges:
-            dirs = _BOTH if group.needs_both_directions else (GradDirection.WEIGHT,)
-            with grad_directions(*dirs):
-                torch.autograd.backward(
-                    edges, grads, inputs=group.tensors, retain_graph=retain_graph
-                )
-    finally:
-        for h in handles:
-            h.remove()
-        # drop every reference to the graph and the captured gradients
-        group.intermediates = None
-        group.grads = None
-        group.root_edges = []
-        group.root_grads = []
-        group.tensors = []
-
-
-def stage_backward_weight(
-    weights: Iterable[torch.Tensor],
-    param_groups: list[ParamGroup],
-    retain_graph: bool = False,
-) -> tuple[torch.Tensor | None, ...]:
-    """W: accumulate (add) the weight gradients of one I pass into `.grad`.
-
-    Returns the weights' `.grad` after the call. `param_groups` are the groups
-    of one `stage_backward_input`; each group's W runs once.
-    """
-    weights = _check_tensors("weights", list(weights))
-    # A group with several intermediates replays the C path between them, which
-    # may cross other groups' intermediates: run those first and keep the graph.
-    # A group with one intermediate only touches its own nodes, so it may free them.
-    shared = [g for g in param_groups if g.intermediates is not None and len(g.intermediates) > 1]
-    single = [g for g in param_groups if g not in shared]
-    for group in shared:
-        _run_group(group, retain_graph=True)
-    for group in single:
-        _run_group(group, retain_graph=retain_graph)
-    return tuple(w.grad for w in weights)

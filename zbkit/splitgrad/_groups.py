@@ -43,6 +43,9 @@ class ParamGroup:
     root_edges: list = field(default_factory=list, repr=False)
     root_grads: list = field(default_factory=list, repr=False)
     tensors: list = field(default_factory=list, repr=False)  # the parameter tensors
+    # per intermediate: indices of its output edges (next_functions) that lead to
+    # this group's params, i.e. the edges W needs from it
+    exits: list[list[int]] = field(default_factory=list, repr=False)
 
 
 def _find(parent: list[int], i: int) -> int:
@@ -91,6 +94,7 @@ def group_params(
 
     params = list(dict.fromkeys(p for p in param_nodes if p is not None and p in reverse_graph))
     entries_of: list[list[Node]] = []
+    outside_of: list[dict[Node, None]] = []
     mixed: list[bool] = []
     owner: dict[Node, int] = {}  # entry node -> first param index that reached it
     parent = list(range(len(params)))
@@ -99,6 +103,7 @@ def group_params(
         outside, reached = ordered_closure([param], closure, reverse_graph)
         entries = list(reached) + [n for n in outside if n in outside_roots]
         entries_of.append(entries)
+        outside_of.append(outside)
         mixed.append(_has_mixed_custom_function([*outside, *reached], closure))
         for entry in entries:
             j = owner.setdefault(entry, i)
@@ -107,12 +112,14 @@ def group_params(
                 parent[max(a, b)] = min(a, b)
 
     groups: dict[int, ParamGroup] = {}
+    nodes_of: dict[int, set[Node]] = {}  # group -> its nodes outside C
     for i, param in enumerate(params):
         rep = _find(parent, i)
         group = groups.get(rep)
         if group is None:
             group = groups[rep] = ParamGroup(params=set(), intermediates=[])
         group.params.add(param)
+        nodes_of.setdefault(rep, set()).update(outside_of[i])
         group.param_order.append(param)
         group.needs_both_directions |= mixed[i]
         for entry in entries_of[i]:
@@ -121,4 +128,10 @@ def group_params(
                     group.intermediates.append(entry)
                 else:
                     group.roots.append(entry)
+    for rep, group in groups.items():
+        mine = nodes_of[rep]
+        group.exits = [
+            [k for k, (n, _) in enumerate(node.next_functions) if n in mine]
+            for node in group.intermediates
+        ]
     return list(groups.values())  # dict order = order of the first param of each group

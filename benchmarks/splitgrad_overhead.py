@@ -1,0 +1,102 @@
+"""Time of split backward (I + W) over plain backward and over torch's own split.
+
+    python benchmarks/splitgrad_overhead.py [--reps 30] [--only a|b]
+
+(a) overhead-bound: 48 residual blocks, d=64, input 4x8x64.
+(b) compute-bound: 6 residual blocks, d=256, input 16x64x256.
+Block: x + Linear(4d->d)(GELU(Linear(d->4d)(LayerNorm(x)))).
+
+Each repetition runs a fresh forward, then one backward per variant, in a
+rotating order (paired runs); printed ratios are medians of per-repetition
+ratios. One thread. Baselines, measured side by side in this process:
+plain `torch.autograd.backward`, and torch.distributed.pipelining's
+`stage_backward_input` + `stage_backward_weight`.
+
+What each idea bought: see NOTES at the bottom of this docstring.
+
+NOTES
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import _backward as torch_split
+
+from zbkit.models import ResidualMLPBlock
+from zbkit.splitgrad import stage_backward_input, stage_backward_weight
+
+CONFIGS = {
+    "a": dict(blocks=48, dim=64, shape=(4, 8, 64), label="overhead-bound, 48 blocks d=64"),
+    "b": dict(blocks=6, dim=256, shape=(16, 64, 256), label="compute-bound, 6 blocks d=256"),
+}
+
+
+def _plain(model, x, g):
+    out = model(x)
+    t0 = time.perf_counter()
+    torch.autograd.backward([out], [g])
+    return time.perf_counter() - t0
+
+
+def _ours(model, x, g):
+    out = model(x)
+    params = [p for p in model.parameters() if p.requires_grad]
+    t0 = time.perf_counter()
+    res = stage_backward_input([out], [g], [x], params)
+    stage_backward_weight(params, res.param_groups)
+    return time.perf_counter() - t0
+
+
+def _torch(model, x, g):
+    out = model(x)
+    t0 = time.perf_counter()
+    _, groups = torch_split.stage_backward_input([out], [g], [x], model.parameters())
+    torch_split.stage_backward_weight(model.parameters(), groups)
+    return time.perf_counter() - t0
+
+
+VARIANTS = {"plain": _plain, "zbkit": _ours, "torch": _torch}
+
+
+def measure(cfg: dict, reps: int) -> dict[str, list[float]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(ResidualMLPBlock(cfg["dim"]) for _ in range(cfg["blocks"])))
+    g = torch.randn(cfg["shape"])
+    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    names = list(VARIANTS)
+    for rep in range(reps + 3):  # 3 warm-up repetitions, dropped
+        for k in names[rep % 3 :] + names[: rep % 3]:  # rotate who goes first
+            x = torch.randn(cfg["shape"], requires_grad=True)
+            model.zero_grad(set_to_none=True)
+            dt = VARIANTS[k](model, x, g)
+            if rep >= 3:
+                times[k].append(dt)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--only", choices=sorted(CONFIGS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for key, cfg in CONFIGS.items():
+        if args.only and key != args.only:
+            continue
+        t = measure(cfg, args.reps)
+        ratio = lambda a, b: statistics.median(x / y for x, y in zip(t[a], t[b], strict=True))
+        print(
+            f"({key}) {cfg['label']}: plain {statistics.median(t['plain']) * 1e3:.2f} ms | "
+            f"zbkit I+W / plain = {ratio('zbkit', 'plain'):.2f}x | "
+            f"torch I+W / plain = {ratio('torch', 'plain'):.2f}x | "
+            f"zbkit / torch = {ratio('zbkit', 'torch'):.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
