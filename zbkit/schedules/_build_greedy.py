@@ -129,14 +129,12 @@ def greedy(
     if left:
         raise ValueError(
             f"memory_limit={memory_limit:g} is too small to finish: a rank cannot run its next "
-            f"forward and has nothing to free; raise it to at least "
+            f"forward and has nothing to free; it must be at least "
             f"{max(_minimum(stage_to_rank, costs, r) for r in range(p)):g}"
         )
     return program
 
 
 def _minimum(stage_to_rank: list[int], costs: list[Costs], rank: int) -> float:
-    """Smallest limit that lets one microbatch through: every stage of the rank's activations."""
-    return sum(costs[s].mem_activation for s, r in enumerate(stage_to_rank) if r == rank) + max(
-        costs[s].mem_weight for s in range(len(stage_to_rank))
-    )
+    """A rank must at least hold one microbatch's activations of all its stages at once."""
+    return sum(costs[s].mem_activation for s, r in enumerate(stage_to_rank) if r == rank)

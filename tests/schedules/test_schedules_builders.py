@@ -1,0 +1,105 @@
+"""Every builder across sizes, checked against the papers' closed forms (comm = 0)."""
+
+import itertools
+
+import pytest
+
+from zbkit.schedules import Costs, ScheduleError, build_schedule, simulate, validate
+from zbkit.schedules.builders import check_counts
+
+PP = (2, 3, 4, 8)
+MS = (1, 2, 3, 5, 8, 13, 16, 24)
+EQUAL = Costs(F=1.5, I=1.5, W=1.5)  # the closed forms for ZB-H2/ZB-V assume F = I = W
+UNEQUAL = Costs(F=1.0, I=1.3, W=0.6)
+
+
+def rate(bubble, work):
+    return bubble / (work + bubble)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto"])
+def test_every_builder_validates_for_many_sizes(name):
+    for p, m in itertools.product(PP, MS):
+        s = build_schedule(name, pp=p, microbatches=m)
+        validate(s)
+        check_counts(s)
+        v = 2 if name == "zb-v" else 1
+        assert s.pp == p and s.num_stages == v * p and s.microbatches == m
+        assert (
+            sum(len(prog) for prog in s.program.values())
+            == (2 if name in "gpipe1f1b" else 3) * v * p * m
+        )
+
+
+def test_interleaved_1f1b_accepts_multiples_of_pp_only():
+    for p, k, v in itertools.product(PP, (1, 2, 3), (2, 3)):
+        s = build_schedule("interleaved-1f1b", pp=p, microbatches=k * p, stages_per_rank=v)
+        validate(s)
+        assert s.stage_to_rank == [st % p for st in range(v * p)]
+        sim = simulate(s, EQUAL, check=False)
+        # Megatron: bubble (p-1)(F+B)/v per rank against m(F+B) of work
+        t = EQUAL.F + EQUAL.I + EQUAL.W
+        assert sim.bubble_rate == pytest.approx(rate((p - 1) * t / v, k * p * t))
+    with pytest.raises(ValueError, match="microbatches=6 must be a multiple of pp=4.*try 8"):
+        build_schedule("interleaved-1f1b", pp=4, microbatches=6)
+
+
+@pytest.mark.parametrize("costs", [EQUAL, UNEQUAL])
+def test_gpipe_and_1f1b_bubble_is_p_minus_1_times_f_plus_b(costs):
+    t = costs.F + costs.I + costs.W
+    for name, p, m in itertools.product(("gpipe", "1f1b"), PP, MS):
+        sim = simulate(build_schedule(name, pp=p, microbatches=m), costs)
+        assert sim.bubble_rate == pytest.approx(rate((p - 1) * t, m * t)), (name, p, m)
+        expected_peak = [m] * p if name == "gpipe" else [min(p - r, m) for r in range(p)]
+        assert sim.peak_memory == expected_peak
+
+
+@pytest.mark.parametrize("costs", [EQUAL, UNEQUAL])
+def test_zb_h1_bubble_is_p_minus_1_times_f_plus_i_minus_w(costs):
+    t = costs.F + costs.I + costs.W
+    for p, m in itertools.product(PP, MS):
+        if m < p:
+            continue  # the formula is for a full pipeline
+        sim = simulate(build_schedule("zb-h1", pp=p, microbatches=m), costs)
+        bubble = (p - 1) * (costs.F + costs.I - costs.W)
+        assert sim.bubble_rate == pytest.approx(rate(bubble, m * t)), (p, m)
+        assert sim.peak_memory == [p - r for r in range(p)]  # same as 1F1B
+
+
+def test_zb_h2_has_zero_bubble_from_2p_minus_1_microbatches():
+    for p, m in itertools.product(PP, MS):
+        sim = simulate(build_schedule("zb-h2", pp=p, microbatches=m), EQUAL)
+        if m >= 2 * p - 1:
+            assert sim.bubble_rate == pytest.approx(0.0, abs=1e-12), (p, m)
+        else:
+            assert sim.bubble_rate > 0
+        assert sim.peak_memory == [min(2 * (p - r) - 1, m) for r in range(p)]
+
+
+def test_zb_v_zero_bubble_at_1f1b_peak_memory():
+    for p, m in itertools.product(PP, MS):
+        s = build_schedule("zb-v", pp=p, microbatches=m)
+        assert s.stage_to_rank == list(range(p)) + list(reversed(range(p)))
+        sim = simulate(s, EQUAL)
+        # a stage here is half of a 1F1B stage: 1F1B's peak of p microbatches is 2p halves
+        assert max(sim.peak_memory) <= 2 * p
+        if m >= 2 * p:
+            assert sim.bubble_rate == pytest.approx(0.0, abs=1e-12), (p, m)
+
+
+def test_builders_refuse_bad_options():
+    with pytest.raises(ValueError, match="takes no costs"):
+        build_schedule("1f1b", pp=2, microbatches=2, costs=EQUAL)
+    with pytest.raises(ValueError, match="memory_limit=1 is too small.*at least 2"):
+        build_schedule("zb-v", pp=2, microbatches=4, memory_limit=1)
+    with pytest.raises(ValueError, match="bad option"):
+        build_schedule("gpipe", pp=2, microbatches=2, stages_per_rank=2)
+
+
+def test_a_broken_builder_output_is_caught_by_the_invariant():
+    s = build_schedule("zb-h1", pp=2, microbatches=2)
+    s.program[1].pop()
+    with pytest.raises(AssertionError, match="stage 1 on rank 1"):
+        check_counts(s)
+    with pytest.raises(ScheduleError):
+        validate(s)
