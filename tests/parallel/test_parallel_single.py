@@ -160,6 +160,8 @@ def test_factory_names_duplicates_and_options() -> None:
         create_backend("ddp", device_ids=[0])
     with pytest.raises(ValueError, match="'single' is already registered"):
         BackendFactory.register("single")(SingleBackend)
+    with pytest.raises(ValueError, match="'fsdp' is already registered"):  # even if not imported
+        BackendFactory.register("fsdp")(SingleBackend)
 
     @BackendFactory.register("test-mine")
     class Mine(TrainingBackend):

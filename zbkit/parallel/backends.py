@@ -1,4 +1,5 @@
-"""Training backends: one loop, run on one process ("single") or data-parallel ("ddp").
+"""Training backends: one loop, run on one process ("single") or data-parallel ("ddp";
+"fsdp" lives in fsdp.py).
 
     backend = create_backend("ddp", grad_accum_steps=4)
     model, optimizer, loader, scheduler = backend.prepare(model, optimizer, loader, scheduler)
