@@ -61,11 +61,27 @@ def _refile(code: Any, filename: str) -> Any:
 def _with_source(fn: Any, source: tuple[str, list[str]] | None) -> Any:
     """Give `fn` back the file name cloudpickle dropped ("<dynamic-code>") and register its
     source lines, so tracebacks from a notebook function show the cell's code."""
-    if source is not None and getattr(fn, "__code__", None) is not None:
-        filename, lines = source
-        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-        fn.__code__ = _refile(fn.__code__, filename)
+    if source is None or getattr(fn, "__code__", None) is None:
+        return fn
+    filename, lines = source
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    # fn, and the functions from the same cell or file that it calls (found in its
+    # globals or closure): cloudpickle gives them all "<dynamic-code>".
+    cells = [c.cell_contents for c in fn.__closure__ or () if _is_filled(c)]
+    for f in [fn, *fn.__globals__.values(), *cells]:
+        code = getattr(f, "__code__", None)
+        same_module = getattr(f, "__module__", None) == fn.__module__
+        if code is not None and code.co_filename == "<dynamic-code>" and same_module:
+            f.__code__ = _refile(code, filename)
     return fn
+
+
+def _is_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
 
 
 def run_cell(code: str, name: str, namespace: dict[str, Any]) -> Any:

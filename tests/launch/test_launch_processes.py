@@ -1,0 +1,196 @@
+"""launch() and Cluster with real rank processes (gloo on CPU).
+
+Each test starts few process groups and checks many things per start: on 2 shared
+cores one start costs seconds.
+"""
+
+import os
+import socket
+import sys
+import time
+
+import cloudpickle
+import pytest
+
+from zbkit.launch import Cluster, LaunchError, launch
+from zbkit.launch._rich import RichResult
+
+# Ship this module's functions by value, as cloudpickle does for a notebook's functions
+# (the ranks then need not import this test module, nor pytest).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.multiprocess
+
+
+def listening_addresses():
+    import psutil
+
+    conns = psutil.Process().net_connections(kind="inet")
+    return sorted({c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN})
+
+
+def rank_report(offset):
+    """All-reduce (rank + offset) and report what a rank sees of its environment."""
+    import torch
+    import torch.distributed as dist
+
+    from zbkit.parallel import get_rank, get_world_size, init_distributed
+
+    assert init_distributed() is True  # zbkit.parallel sees the group launch created
+    t = torch.tensor([float(dist.get_rank() + offset)])
+    dist.all_reduce(t)
+    sys.stdout.write("partial ")  # one line written in pieces still prints whole
+    sys.stdout.flush()
+    print(f"line from {get_rank()} of {get_world_size()} " + "x" * 2000)
+    print(f"to stderr {dist.get_rank()}", file=sys.stderr)
+    env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    return {"sum": t.item(), "env": env, "addr": os.environ["MASTER_ADDR"],
+            "listen": listening_addresses()}  # fmt: skip
+
+
+def test_launch_four_ranks_results_output_env_and_busy_port(
+    capsys, monkeypatch, live_children
+):  # fmt: skip
+    with socket.socket() as busy:  # an inherited MASTER_PORT that is taken must not matter
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        monkeypatch.setenv("MASTER_PORT", str(busy.getsockname()[1]))
+        offset = 10
+        results = launch(lambda: rank_report(offset), nprocs=4)  # a closure, by value
+    out, err = capsys.readouterr()
+    assert [r["sum"] for r in results] == [sum(range(4)) + 4 * offset] * 4  # closed form
+    for rank, r in enumerate(results):  # results in rank order
+        assert r["env"] == {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "4",
+                            "LOCAL_WORLD_SIZE": "4"}  # fmt: skip
+        assert r["addr"] == "127.0.0.1"
+        assert r["listen"] and set(r["listen"]) == {"127.0.0.1"}  # store and gloo: loopback only
+        assert f"[rank {rank}] partial line from {rank} of 4 {'x' * 2000}\n" in out
+        assert f"[rank {rank}] to stderr {rank}\n" in err
+    assert all(line.startswith("[rank ") for line in out.splitlines())  # never mixed in a line
+    assert live_children() == []
+
+
+def fail_on_one(bad_rank):
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"bad input on rank {bad_rank}")
+    dist.barrier()  # the others wait here for the rank that failed
+
+
+def die(rank_to_signal):
+    import signal
+
+    import torch.distributed as dist
+
+    dist.barrier()  # everyone is past init: a peer leaving early can't fail a rendezvous
+    if dist.get_rank() == rank_to_signal:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1)
+    os._exit(3)
+
+
+def stuck_here():
+    time.sleep(600)
+
+
+def hang_on_zero():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        stuck_here()
+    dist.barrier()
+
+
+def test_launch_failures_raise_name_ranks_and_leave_nothing(live_children):
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(fail_on_one, 1, nprocs=2)
+    startup = time.monotonic() - start
+    msg = str(info.value)
+    assert msg.startswith("launch failed on rank 1; rank 0 did not finish (stopped)")
+    assert "ValueError: bad input on rank 1" in msg
+    assert 'raise ValueError(f"bad input on rank {bad_rank}")' in msg  # source line shown
+    assert info.value.ranks == [1]
+    assert live_children() == []
+
+    with pytest.raises(LaunchError) as info:
+        launch(die, 1, nprocs=2)
+    assert "rank 0: status ---\ndied without a Python exception: exit code 3" in str(info.value)
+    assert "rank 1: status ---\ndied without a Python exception: killed by SIGKILL" in str(
+        info.value
+    )
+    assert live_children() == []
+
+    timeout = max(5.0, 2 * startup)  # enough to be inside fn on a busy machine
+    with pytest.raises(LaunchError) as info:
+        launch(hang_on_zero, nprocs=2, timeout=timeout)
+    msg = str(info.value)
+    assert msg.startswith(f"launch timed out after {timeout:g} s: ranks 0, 1 still running")
+    rank0, rank1 = msg.split("--- rank 1: stack ---")
+    assert "in stuck_here\n    time.sleep(600)" in rank0
+    assert "in hang_on_zero\n    dist.barrier()" in rank1
+    assert live_children() == []
+
+    assert launch(lambda: 7, nprocs=2) == [7, 7]  # the next launch works
+    assert live_children() == []
+
+
+def test_cluster_keeps_state_survives_errors_returns_rich_values(capsys, live_children):
+    with Cluster(nprocs=2) as c:
+        assert c.exec("x = rank * 2\nprint('set', x)") == [None, None]
+        assert c.exec("x + 1") == [1, 3]  # REPL: the last expression, per rank
+        assert c.exec("x", ranks=[1]) == [2]
+        assert c.run(lambda a, b=0: a + b, 5, b=1) == [6, 6]
+        assert c.exec("t = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\nt.tolist()") == [
+            [3.0, 3.0],
+            [3.0, 3.0],
+        ]
+
+        with pytest.raises(LaunchError) as info:
+            c.exec("y = 10 // (1 - rank)")  # rank 1 divides by zero, rank 0 finishes
+        msg = str(info.value)
+        assert "failed on rank 1" in msg and "ZeroDivisionError" in msg
+        assert "y = 10 // (1 - rank)" in msg  # the cell's source in the traceback
+        assert "still usable" in msg
+        assert c.exec("(x, y) if rank == 0 else x") == [(0, 10), 2]  # state kept
+
+        fig, gen = c.exec(
+            "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, rank])\n"
+            "fig if rank == 0 else (i for i in range(3))"
+        )
+        assert isinstance(fig, RichResult) and "image/png" in fig.bundle
+        assert isinstance(gen, RichResult) and "generator object" in gen.bundle["text/plain"]
+        graph = c.exec("import graphviz\ng = graphviz.Digraph()\ng.edge('a', str(rank))\ng")
+        assert [g.source for g in graph] == [_digraph(r).source for r in range(2)]
+
+        with pytest.raises(LaunchError) as info:
+            c.exec("import time\nif rank == 0:\n    time.sleep(600)\ndist.barrier()", timeout=2)
+        msg = str(info.value)
+        assert "timed out after 2 s: ranks 0, 1 still running" in msg
+        assert "time.sleep(600)" in msg and "dist.barrier()" in msg
+        assert "must" not in msg or "Start a new one" in msg
+        assert c.closed
+        with pytest.raises(LaunchError, match="stopped"):
+            c.exec("1")
+        assert live_children() == []
+    out, _ = capsys.readouterr()
+    assert "[rank 0] set 0\n" in out and "[rank 1] set 2\n" in out
+
+
+def _digraph(rank):
+    import graphviz
+
+    g = graphviz.Digraph()
+    g.edge("a", str(rank))
+    return g
+
+
+def test_cluster_rank_death_stops_it(live_children):
+    c = Cluster(nprocs=2)
+    with pytest.raises(LaunchError) as info:
+        c.run(os._exit, 5)
+    assert "died without a Python exception: exit code 5" in str(info.value)
+    assert "The cluster has been stopped" in str(info.value)
+    assert c.closed and live_children() == []
+    c.close()  # closing twice is fine

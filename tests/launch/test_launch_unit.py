@@ -1,0 +1,121 @@
+"""zbkit.launch pieces that need no rank processes: argument checks, REPL cells, results."""
+
+import base64
+import pickle
+import signal
+import socket
+
+import cloudpickle
+import pytest
+
+from zbkit.launch import Cluster, LaunchError, launch
+from zbkit.launch import _channel as ch
+from zbkit.launch._procs import exit_status
+from zbkit.launch._rich import RichResult, to_payload
+from zbkit.launch._worker import run_cell
+
+
+def add(a, b):
+    return a + b
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"nprocs": 0}, "nprocs must be a positive int"),
+        ({"nprocs": True}, "nprocs must be a positive int"),
+        ({"nprocs": 2, "backend": "mpi"}, "backend must be one of"),
+        ({"nprocs": 2, "timeout": -1}, "timeout must be a positive number"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, match, live_children):
+    with pytest.raises(ValueError, match=match):
+        launch(add, 1, 2, **kwargs)
+    assert live_children() == []
+
+
+def test_nccl_refused_without_enough_gpus(live_children):
+    import torch
+
+    assert torch.cuda.device_count() < 2  # this test is about a machine without 2 GPUs
+    for start in (lambda: launch(add, 1, 2, nprocs=2, backend="nccl"),
+                  lambda: Cluster(nprocs=2, backend="nccl")):  # fmt: skip
+        with pytest.raises(LaunchError, match=r"nprocs=2 needs 2 GPUs.*device_count\(\) is \d"):
+            start()
+    assert live_children() == []
+
+
+def test_not_callable_and_unpicklable_arguments_fail_before_any_process(live_children):
+    with pytest.raises(TypeError, match="callable"):
+        launch(42, nprocs=2)
+    with pytest.raises(LaunchError, match="could not pickle"):
+        launch(add, (i for i in range(3)), 1, nprocs=2)  # a generator cannot travel
+    assert live_children() == []
+
+
+def test_taken_master_port_is_a_clear_error(live_children):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"master_port={port} is not free.*master_port=None"):
+            launch(add, 1, 2, nprocs=2, master_port=port)
+    assert live_children() == []
+
+
+def test_run_cell_has_repl_semantics():
+    ns = {"rank": 3}
+    assert run_cell("x = rank * 2\ny = x + 1", "<c1>", ns) is None  # ends in a statement
+    assert (ns["x"], ns["y"]) == (6, 7)
+    assert run_cell("z = 1\nx + z", "<c2>", ns) == 7  # the final expression's value
+    assert run_cell("", "<c3>", ns) is None
+    with pytest.raises(SyntaxError):
+        run_cell("x = = 1", "<c4>", ns)
+
+
+def test_channel_round_trip_and_call_payload():
+    parent, child = ch.pair()
+    payload = ch.call_payload(lambda v: v * 3, (5,), {})
+    ch.send(parent, ch.CALL, 7, payload)
+    kind, task_id, data = ch.recv(child)
+    fn, args, kwargs, source = pickle.loads(data)
+    assert (kind, task_id, fn(*args, **kwargs)) == (ch.CALL, 7, 15)
+    assert "lambda v: v * 3" in "".join(source[1])  # the source travels for tracebacks
+    parent.close()
+    with pytest.raises(EOFError):
+        ch.recv(child)
+    child.close()
+
+
+def test_results_come_back_as_objects_or_as_their_display():
+    assert pickle.loads(to_payload({"a": [1, 2]}, cloudpickle.dumps)) == {"a": [1, 2]}
+
+    class Shown:  # unpicklable (holds a generator), with an HTML view
+        gen = None
+
+        def __init__(self):
+            self.gen = (i for i in range(2))
+
+        def _repr_html_(self):
+            return "<b>shown</b>"
+
+    back = pickle.loads(to_payload(Shown(), cloudpickle.dumps))
+    assert isinstance(back, RichResult)
+    assert back.bundle["text/html"] == "<b>shown</b>"
+    assert "could not be pickled" in back.note
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1])
+    back = pickle.loads(to_payload(fig, cloudpickle.dumps))
+    assert base64.b64decode(back._repr_mimebundle_()["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_exit_status_names_signals():
+    assert exit_status(3) == "exit code 3"
+    assert exit_status(-signal.SIGKILL).startswith("killed by SIGKILL")
+    assert exit_status(-signal.SIGSEGV) == "killed by SIGSEGV"

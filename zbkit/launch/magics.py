@@ -1,0 +1,130 @@
+"""IPython magics over one `Cluster` per kernel.
+
+    %load_ext zbkit
+    %zb_start -n 4 [--backend gloo] [--timeout 60]
+    %%zb [--rank 0,1] [--timeout 10]      <- the cell runs on those ranks (default: all)
+    %zb_status
+    %zb_stop
+
+The cluster lives on the magics object IPython keeps for this kernel (no module
+globals). The value of a cell's last expression is shown per rank; rich values (a
+graphviz graph, a matplotlib figure, anything with ``_repr_html_``) render as themselves.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from zbkit.launch._procs import BACKENDS
+from zbkit.launch._rich import RichResult, is_figure
+from zbkit.launch.cluster import Cluster
+
+_RICH_METHODS = ("_repr_mimebundle_", "_repr_html_", "_repr_svg_", "_repr_png_", "_repr_markdown_")
+
+
+def _parse_ranks(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--rank takes comma-separated ints such as 0,1; got {text!r}") from None
+
+
+def _is_rich(value: Any) -> bool:
+    return (
+        isinstance(value, RichResult)
+        or is_figure(value)
+        or any(callable(getattr(value, m, None)) for m in _RICH_METHODS)
+    )
+
+
+@magics_class
+class ZbMagics(Magics):
+    """%zb_start, %%zb, %zb_stop and %zb_status; holds this kernel's cluster."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.cluster: Cluster | None = None
+
+    def _running(self) -> Cluster:
+        if self.cluster is None:
+            raise UsageError("no cluster yet: start one with %zb_start -n 2")
+        if self.cluster.closed:
+            raise UsageError(f"{self.cluster!r}: start a new one with %zb_start -n N")
+        return self.cluster
+
+    @magic_arguments()
+    @argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    @argument("--backend", default="gloo", choices=BACKENDS, help="torch.distributed backend")
+    @argument("--timeout", type=float, default=None, help="default seconds per cell")
+    @line_magic
+    def zb_start(self, line: str) -> None:
+        """Start ranks that keep their state between %%zb cells (stops a previous cluster)."""
+        args = parse_argstring(self.zb_start, line)
+        if self.cluster is not None and not self.cluster.closed:
+            self.cluster.close()
+            print("stopped the previous cluster")
+        self.cluster = None
+        self.cluster = Cluster(args.nprocs, backend=args.backend, timeout=args.timeout)
+        print(f"started {args.nprocs} ranks ({args.backend}); %%zb runs a cell on them")
+
+    @magic_arguments()
+    @argument("--rank", default=None, help="comma-separated ranks to run on (default: all)")
+    @argument("--timeout", type=float, default=None, help="seconds before showing stacks")
+    @cell_magic
+    def zb(self, line: str, cell: str) -> None:
+        """Run the cell on the cluster's ranks; show each rank's last-expression value."""
+        args = parse_argstring(self.zb, line)
+        cluster = self._running()
+        ranks = _parse_ranks(args.rank)
+        try:
+            values = cluster.exec(cell, ranks=ranks, timeout=args.timeout)
+        except KeyboardInterrupt:
+            print("interrupted: every rank was stopped; %zb_start to start again", file=sys.stderr)
+            raise
+        except ValueError as exc:  # bad --rank: a usage problem, not a traceback
+            raise UsageError(str(exc)) from None
+        for rank, value in zip(ranks or range(cluster.nprocs), values, strict=True):
+            if value is None:
+                continue
+            if _is_rich(value):
+                print(f"[rank {rank}]")
+                display(value)
+            else:
+                print(f"[rank {rank}] {value!r}")
+
+    @line_magic
+    def zb_stop(self, line: str) -> None:
+        """Stop the cluster's ranks."""
+        if self.cluster is None or self.cluster.closed:
+            print("no cluster is running")
+        else:
+            self.cluster.close()
+            print("stopped")
+        self.cluster = None
+
+    @line_magic
+    def zb_status(self, line: str) -> None:
+        """Show the ranks, their pids and whether they are alive."""
+        print(self.cluster.status() if self.cluster is not None else "no cluster")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(ZbMagics(ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    magics = ipython.magics_manager.registry.pop("ZbMagics", None)
+    if magics is not None and magics.cluster is not None:
+        magics.cluster.close()
+    # IPython has no "unregister": drop our names from its tables.
+    for kind, names in (("line", ("zb_start", "zb_stop", "zb_status")), ("cell", ("zb",))):
+        for name in names:
+            ipython.magics_manager.magics[kind].pop(name, None)
