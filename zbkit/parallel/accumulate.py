@@ -68,7 +68,9 @@ class AccumulatingLoader:
 
     It reads a whole window ahead (at most `steps` batches) so it knows that window's
     length before its first micro-step, even for loaders without `len()`. Each new
-    iteration (epoch) starts a new first window.
+    iteration (epoch) starts a new first window. Under DDP every rank must see the same
+    number of batches (DistributedSampler ensures it), or the windows' all-reduces would
+    not line up across ranks.
     """
 
     def __init__(self, loader: Iterable[Any], window: GradientWindow) -> None:
