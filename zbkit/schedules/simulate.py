@@ -117,11 +117,7 @@ def simulate(
         validate(schedule)
     durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage) for k in KINDS}
     try:
-        times = _engine.run(
-            schedule,
-            lambda a: durations[a.stage, a.kind],
-            lambda a: per_stage[a.stage].comm,
-        )
+        times = _engine.run(schedule, durations, [c.comm for c in per_stage])
     except _engine.Stuck:
         validate(schedule)  # explains the deadlock with the grid
         raise ScheduleError("schedule deadlocks; run validate(schedule) for details") from None
@@ -129,26 +125,34 @@ def simulate(
 
 
 def _summarize(schedule, costs, per_stage, times) -> Simulation:
+    mem = {(s, k): c.memory(k) for s, c in enumerate(per_stage) for k in KINDS}
+    new = tuple.__new__
     events, peak, memory, busy, span = [], [], [], [], []
+    firsts, lasts = [], []
     for rank in range(schedule.pp):
         actions: list[Action] = schedule.program[rank]
-        held, top, steps, work = 0.0, 0.0, [], 0.0
-        for a, (start, end) in zip(actions, times[rank], strict=True):
-            events.append(Event(rank, a.stage, a.kind, a.microbatch, start, end))
-            if not steps:
-                steps.append((start, 0.0))
-            held += per_stage[a.stage].memory(a.kind)
-            top = max(top, held)
+        spans = times[rank]
+        if not actions:
+            peak.append(0.0), memory.append([]), busy.append(0.0), span.append(0.0)
+            continue
+        held, top, work = 0.0, 0.0, 0.0
+        steps = [(spans[0][0], 0.0)]
+        for a, (start, end) in zip(actions, spans, strict=True):
+            s, k = a.stage, a.kind
+            # tuple.__new__ skips NamedTuple's Python-level __new__: 24k events stay cheap
+            events.append(new(Event, (rank, s, k, a.microbatch, start, end)))
+            held += mem[s, k]
+            if held > top:
+                top = held
             steps.append((end, held))  # memory held once the action is done
             work += end - start
         peak.append(top)
         memory.append(steps)
         busy.append(work)
-        first = times[rank][0][0] if actions else 0.0
-        last = times[rank][-1][1] if actions else 0.0
-        span.append(last - first)
-    starts = [e.start for e in events] or [0.0]
-    ends = [e.end for e in events] or [0.0]
+        firsts.append(spans[0][0])
+        lasts.append(spans[-1][1])
+        span.append(spans[-1][1] - spans[0][0])
+    starts, ends = firsts or [0.0], lasts or [0.0]
     # ideal work of the busiest rank: m * sum over its stages of (F + I + W); with one
     # Costs for all stages this is DESIGN.md's m * v * (F + I + W)
     m = schedule.microbatches

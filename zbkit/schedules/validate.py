@@ -2,6 +2,9 @@
 
 Each failure raises `ScheduleError` naming rank, position, stage and microbatch, with the
 rank-by-step grid and the failing cells marked `<-- ERROR HERE`.
+
+The checks run in one pass per rank over integer keys (kind, stage, microbatch) ->
+position, so a 24k-action schedule validates in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -11,6 +14,18 @@ from zbkit.schedules.action import Action
 from zbkit.schedules.schedule import Schedule, ScheduleError
 
 __all__ = ["validate"]
+
+_CODE = {"F": 0, "I": 1, "W": 2, "B": 3}
+
+
+class _Unit(dict):
+    """Every action takes one time unit: only the order matters when looking for deadlock."""
+
+    def __missing__(self, key: object) -> float:
+        return 1.0
+
+
+_UNIT = _Unit()
 
 
 def _fail(schedule: Schedule, message: str, marks: list[tuple[int, int]]) -> ScheduleError:
@@ -24,19 +39,19 @@ def _where(a: Action) -> str:
 def validate(schedule: Schedule) -> None:
     """Raise `ScheduleError` if `schedule` misses, repeats or misorders an action or deadlocks."""
     _check_shape(schedule)
-    seen = _check_actions(schedule)
-    _check_complete(schedule, seen)
+    at = _check_actions(schedule)
+    _check_complete(schedule, at)
     try:
-        _engine.run(schedule, lambda a: 1.0, lambda a: 0.0)
+        _engine.run(schedule, _UNIT, [0.0] * schedule.num_stages)
     except _engine.Stuck as stuck:
-        raise _deadlock(schedule, stuck, seen) from None
+        raise _deadlock(schedule, stuck) from None
 
 
 def _check_shape(schedule: Schedule) -> None:
     pp, placement = schedule.pp, schedule.stage_to_rank
     if schedule.microbatches < 1:
         raise ScheduleError(f"microbatches must be >= 1, got {schedule.microbatches}")
-    if not placement or any(not 0 <= r for r in placement):
+    if not placement or any(not isinstance(r, int) or r < 0 for r in placement):
         raise ScheduleError(f"stage_to_rank must list a rank >= 0 per stage, got {placement}")
     if sorted(schedule.program) != list(range(pp)):
         raise ScheduleError(
@@ -48,97 +63,104 @@ def _check_shape(schedule: Schedule) -> None:
         raise ScheduleError(f"rank(s) {empty} hold no stage in stage_to_rank {placement}")
 
 
-def _check_actions(schedule: Schedule) -> dict[Action, tuple[int, int]]:
-    """Per-action checks; returns action -> (rank, position)."""
-    seen: dict[Action, tuple[int, int]] = {}
+def _check_actions(schedule: Schedule) -> list[int]:
+    """One pass per rank; returns at[key] = position of the action (-1 if absent)."""
     n, m = schedule.num_stages, schedule.microbatches
+    nm, where = n * m, schedule.stage_to_rank
+    at = [-1] * (4 * nm)  # key = code * n*m + stage * m + microbatch
     for rank in range(schedule.pp):
         for pos, a in enumerate(schedule.program[rank]):
-            here = [(rank, pos)]
             if not isinstance(a, Action):
-                raise _fail(schedule, f"rank {rank}, position {pos}: {a!r} is not an Action", here)
-            if a.stage >= n or a.microbatch >= m:
+                raise _fail(
+                    schedule, f"rank {rank}, position {pos}: {a!r} is not an Action", [(rank, pos)]
+                )
+            s, k, j = a.stage, a.kind, a.microbatch
+            if s >= n or j >= m:
                 raise _fail(
                     schedule,
                     f"rank {rank}, position {pos}: unknown action {_where(a)}: stages are "
                     f"0..{n - 1} and microbatches 0..{m - 1}",
-                    here,
+                    [(rank, pos)],
                 )
-            owner = schedule.stage_to_rank[a.stage]
-            if owner != rank:
+            if where[s] != rank:
                 raise _fail(
                     schedule,
                     f"rank {rank}, position {pos}: {_where(a)} runs on rank {rank}, but stage "
-                    f"{a.stage} lives on rank {owner}; a stage cannot be on two ranks",
-                    here,
+                    f"{s} lives on rank {where[s]}; a stage cannot be on two ranks",
+                    [(rank, pos)],
                 )
-            if a in seen:
-                first = seen[a]
+            base = s * m + j
+            key = _CODE[k] * nm + base
+            if at[key] >= 0:
                 raise _fail(
                     schedule,
                     f"rank {rank}, position {pos}: {_where(a)} is repeated (first at position "
-                    f"{first[1]})",
-                    [first, (rank, pos)],
+                    f"{at[key]})",
+                    [(rank, at[key]), (rank, pos)],
                 )
-            _check_order(schedule, seen, a, rank, pos)
-            seen[a] = (rank, pos)
-    return seen
+            # same stage means same rank, so "seen" below means "earlier on this rank"
+            if k == "I" or k == "B":
+                other = (3 if k == "I" else 1) * nm + base
+                if at[other] >= 0:
+                    raise _fail(
+                        schedule,
+                        f"rank {rank}, position {pos}: {_where(a)} computes the backward a second "
+                        f"time ({s}{'B' if k == 'I' else 'I'}{j} at position {at[other]}); use B "
+                        "alone or I then W",
+                        [(rank, at[other]), (rank, pos)],
+                    )
+                if at[base] < 0:
+                    forward = Action(s, "F", j)
+                    later = forward in schedule.program[rank]
+                    problem = (
+                        f"comes before its forward {forward}"
+                        if later
+                        else f"but {forward} is missing"
+                    )
+                    raise _fail(
+                        schedule,
+                        f"rank {rank}, position {pos}: {_where(a)} {problem}",
+                        [(rank, pos)],
+                    )
+            elif k == "W":
+                if at[3 * nm + base] >= 0:
+                    raise _fail(
+                        schedule,
+                        f"rank {rank}, position {pos}: {_where(a)} after the full backward {s}B{j} "
+                        "already computed the weight gradient",
+                        [(rank, at[3 * nm + base]), (rank, pos)],
+                    )
+                if at[nm + base] < 0:
+                    raise _fail(
+                        schedule,
+                        f"rank {rank}, position {pos}: {_where(a)} comes before its input-gradient "
+                        f"pass {s}I{j} (W needs what I leaves behind)",
+                        [(rank, pos)],
+                    )
+            at[key] = pos
+    return at
 
 
-def _check_order(schedule: Schedule, seen: dict, a: Action, rank: int, pos: int) -> None:
-    s, j = a.stage, a.microbatch
-    here = [(rank, pos)]
-    if a.kind in "IB":
-        other = Action(s, "B" if a.kind == "I" else "I", j)
-        if other in seen:
-            raise _fail(
-                schedule,
-                f"rank {rank}, position {pos}: {_where(a)} computes the backward a second time "
-                f"({other} at position {seen[other][1]}); use B alone or I then W",
-                [seen[other], (rank, pos)],
-            )
-        forward = Action(s, "F", j)
-        if forward not in seen:
-            later = forward in schedule.program[rank]
-            problem = (
-                f"comes before its forward {forward}" if later else f"but {forward} is missing"
-            )
-            raise _fail(schedule, f"rank {rank}, position {pos}: {_where(a)} {problem}", here)
-    if a.kind == "W":
-        if Action(s, "B", j) in seen:
-            raise _fail(
-                schedule,
-                f"rank {rank}, position {pos}: {_where(a)} after the full backward {s}B{j} "
-                "already computed the weight gradient",
-                [seen[Action(s, "B", j)], (rank, pos)],
-            )
-        if Action(s, "I", j) not in seen:
-            raise _fail(
-                schedule,
-                f"rank {rank}, position {pos}: {_where(a)} comes before its input-gradient "
-                f"pass {s}I{j} (W needs what I leaves behind)",
-                here,
-            )
-
-
-def _check_complete(schedule: Schedule, seen: dict[Action, tuple[int, int]]) -> None:
-    for s in range(schedule.num_stages):
+def _check_complete(schedule: Schedule, at: list[int]) -> None:
+    n, m = schedule.num_stages, schedule.microbatches
+    nm = n * m
+    for s in range(n):
         rank = schedule.stage_to_rank[s]
         end = [(rank, len(schedule.program[rank]))]
-        for j in range(schedule.microbatches):
-            if Action(s, "F", j) not in seen:
-                raise _fail(
-                    schedule, f"rank {rank}: missing {s}F{j} (stage {s}, microbatch {j})", end
-                )
-            i, w = Action(s, "I", j), Action(s, "W", j)
-            if i in seen and w not in seen:
+        for j in range(m):
+            base = s * m + j
+            if at[base] < 0:
+                msg = f"rank {rank}: missing {s}F{j} (stage {s}, microbatch {j})"
+                raise _fail(schedule, msg, end)
+            i_pos = at[nm + base]
+            if i_pos >= 0 and at[2 * nm + base] < 0:
                 raise _fail(
                     schedule,
-                    f"rank {rank}, position {seen[i][1]}: {_where(i)} has no matching {w}: the "
-                    "weight gradient would never be computed",
-                    [seen[i]],
+                    f"rank {rank}, position {i_pos}: {s}I{j} (stage {s}, microbatch {j}) has no "
+                    f"matching {s}W{j}: the weight gradient would never be computed",
+                    [(rank, i_pos)],
                 )
-            if i not in seen and Action(s, "B", j) not in seen:
+            if i_pos < 0 and at[3 * nm + base] < 0:
                 raise _fail(
                     schedule,
                     f"rank {rank}: missing the backward of stage {s}, microbatch {j} "
@@ -147,13 +169,12 @@ def _check_complete(schedule: Schedule, seen: dict[Action, tuple[int, int]]) -> 
                 )
 
 
-def _deadlock(
-    schedule: Schedule, stuck: _engine.Stuck, seen: dict[Action, tuple[int, int]]
-) -> ScheduleError:
+def _deadlock(schedule: Schedule, stuck: _engine.Stuck) -> ScheduleError:
+    seen = {a: (r, p) for r, prog in schedule.program.items() for p, a in enumerate(prog)}
     lines = []
-    for rank, (pos, a, (key, s, j)) in sorted(stuck.blocked.items()):
-        # the action that would produce the awaited key: F, or the I/B of that (stage, mb)
-        kinds = "F" if key == "F" else "IB"
+    for rank, (pos, a, (what, s, j)) in sorted(stuck.blocked.items()):
+        # the action that would produce what is awaited: F, or the I/B of that (stage, mb)
+        kinds = "F" if what == 0 else "IB"
         producer = next((Action(s, k, j) for k in kinds if Action(s, k, j) in seen), None)
         if producer is None:
             lines.append(f"  rank {rank}, position {pos}: {_where(a)} waits for stage {s} mb {j}")
