@@ -42,6 +42,18 @@ def test_local_pipeline_matches_full_batch_autograd(name: str, pp: int, m: int) 
 
 
 @pytest.mark.parametrize("name", ALL_SCHEDULES)
+def test_split_first_stage_is_exact_too(name: str) -> None:
+    sch = schedule(name, 4, 4)
+    mods = make_stages(sch.num_stages)
+    x, y = batch(8)
+    _, expected = oracle(mods, x, y)
+    first = PipelineStage(mods[0], 0, sch.num_stages, split_first_stage=True)
+    LocalPipeline([first, *mods[1:]], sch, loss_fn).step(x, y)
+    assert_grads_match(mods, expected, f"{name} split first stage")
+    assert x.grad is None  # the data's throw-away gradient went to a detached copy
+
+
+@pytest.mark.parametrize("name", ALL_SCHEDULES)
 def test_memory_record_equals_simulator_peak(name: str) -> None:
     sch = schedule(name, 4, 8)
     pipe = LocalPipeline(make_stages(sch.num_stages), sch, loss_fn)

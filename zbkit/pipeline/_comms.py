@@ -141,11 +141,13 @@ class P2P:
         self._sent_meta: dict[tuple[str, int], _Meta] = {}
         self._recv_meta: dict[tuple[str, int], _Meta] = {}
         self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
+        self._early: dict[Comm, tuple[list, list[torch.Tensor]]] = {}  # receives posted ahead
 
     def new_step(self) -> None:
         """Shapes may change between steps (another batch size): agree them afresh."""
         self._sent_meta.clear()
         self._recv_meta.clear()
+        self._early.clear()  # only left over after a failed step
 
     # ------------------------------------------------------------------ tags and peers
     def _tag(self, comm: Comm, index: int) -> int:
@@ -183,8 +185,13 @@ class P2P:
         self._post("send", comm, data, [self._tag(comm, i) for i in range(len(data))])
 
     # ------------------------------------------------------------------ recv
-    def recv(self, comm: Comm) -> dict[str, torch.Tensor]:
-        """Receives one message; blocks at most ``timeout`` seconds per tensor."""
+    def recv(self, comm: Comm, next_comm: Comm | None = None) -> dict[str, torch.Tensor]:
+        """Receives one message; blocks at most ``timeout`` seconds per tensor.
+
+        ``next_comm``: the next receive on the same edge. On gloo it is posted right away,
+        so its data lands while this rank computes instead of costing a round trip when
+        its turn comes. (Not on NCCL: there an early receive would hold up the stream.)
+        """
         key = (comm.what, comm.stage)
         meta = self._recv_meta.get(key)
         if meta is None:
@@ -193,18 +200,23 @@ class P2P:
             blob = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
             self._wait(self._post("recv", comm, [blob], [self._meta_tag(comm, 1)]), comm)
             meta = self._recv_meta[key] = pickle.loads(blob.cpu().numpy().tobytes())
-        bufs = [
-            torch.empty(shape, dtype=dtype, device=self.device)
-            for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
-        ]
-        self._wait(
-            self._post("recv", comm, bufs, [self._tag(comm, i) for i in range(len(bufs))]), comm
-        )
+        works, bufs = self._early.pop(comm, None) or self._post_recv(comm, meta)
+        self._wait(works, comm)
+        if next_comm is not None and not self.batched:
+            self._early[next_comm] = self._post_recv(next_comm, meta)
         # The received tensors start a new graph on this stage: leaves that collect a gradient.
         return {
             k: b.requires_grad_(rg) if b.is_floating_point() else b
             for k, b, rg in zip(meta.names, bufs, meta.requires_grad, strict=True)
         }
+
+    def _post_recv(self, comm: Comm, meta: _Meta) -> tuple[list, list[torch.Tensor]]:
+        bufs = [
+            torch.empty(shape, dtype=dtype, device=self.device)
+            for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
+        ]
+        tags = [self._tag(comm, i) for i in range(len(bufs))]
+        return self._post("recv", comm, bufs, tags), bufs
 
     # ------------------------------------------------------------------ plumbing
     def _post(self, op: str, comm: Comm, tensors: list[torch.Tensor], tags: list[int]) -> list:
@@ -243,4 +255,5 @@ class P2P:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Sends not yet completed plus receives posted ahead: 0 after a good step."""
+        return len(self._pending) + len(self._early)

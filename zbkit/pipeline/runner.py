@@ -90,6 +90,15 @@ class ScheduleRunner:
             if not isinstance(a, Comm) and a.kind in "WB"
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
+        # each receive -> the next receive on the same edge (posted ahead on gloo)
+        self._next_recv: dict[int, Comm] = {}
+        last_on_edge: dict[tuple, int] = {}
+        for i, c in enumerate(self.plan):
+            if isinstance(c, Comm) and c.op == "recv":
+                edge = (c.what, c.stage, c.peer)
+                if edge in last_on_edge:
+                    self._next_recv[last_on_edge[edge]] = c
+                last_on_edge[edge] = i
         self.trace = Trace()
 
     def __repr__(self) -> str:
@@ -128,7 +137,7 @@ class ScheduleRunner:
             for i, item in enumerate(self.plan):
                 if isinstance(item, Comm):
                     start = clock()
-                    self._move(item, state)
+                    self._move(item, state, self._next_recv.get(i))
                     state.trace.comm.append(CommEvent(self.rank, str(item), start, clock()))
                     continue
                 state.run(item)
@@ -146,10 +155,10 @@ class ScheduleRunner:
         return losses
 
     # ------------------------------------------------------------------ pieces
-    def _move(self, comm: Comm, state: StepState) -> None:
+    def _move(self, comm: Comm, state: StepState, next_recv: Comm | None) -> None:
         key = (comm.what, comm.stage, comm.microbatch)
         if comm.op == "recv":
-            state.inbox[key] = self.p2p.recv(comm)
+            state.inbox[key] = self.p2p.recv(comm, next_recv)
         else:
             self.p2p.send(comm, state.outbox.pop(key))
 

@@ -53,9 +53,22 @@ class PipelineStage:
 
     ``module(**inputs)`` must return ``dict[str, Tensor]``. Outputs that require grad get a
     gradient back from the next stage; the others (token ids, masks) are passed along as data.
+
+    Stage 0 has no input gradient to send, so by default its I only records the microbatch and
+    the whole backward runs at its W. ``split_first_stage=True`` instead makes stage 0's
+    floating-point inputs require grad, so its I really backpropagates through the stage (and
+    computes a gradient for the data that is thrown away) and its W only does the weights: the
+    F / I / W times then match what the simulator assumes for every stage.
     """
 
-    def __init__(self, module: nn.Module, stage_index: int, num_stages: int) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        stage_index: int,
+        num_stages: int,
+        *,
+        split_first_stage: bool = False,
+    ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"stage {stage_index}: expected an nn.Module, got {type(module)!r}")
         if not 0 <= stage_index < num_stages:
@@ -63,6 +76,7 @@ class PipelineStage:
         self.module = module
         self.stage_index = stage_index
         self.num_stages = num_stages
+        self.split_first_stage = split_first_stage and stage_index == 0
         self._activations: dict[int, _Activation] = {}
         self._pending_weight: dict[int, _PendingWeight] = {}
 
@@ -109,6 +123,8 @@ class PipelineStage:
         """
         if microbatch in self._activations or microbatch in self._pending_weight:
             raise StageError(f"{self._name(microbatch)}: forward ran twice before its backward")
+        if self.split_first_stage:  # leaves that collect a (discarded) gradient: see __init__
+            inputs = _as_leaves(inputs)
         if isinstance(inputs, torch.Tensor):
             args, inputs = (inputs,), {"input": inputs}
         elif isinstance(inputs, Mapping):
@@ -157,13 +173,14 @@ class PipelineStage:
         """
         act = self._take_activation(microbatch, "I")
         roots, grads = self._roots(microbatch, act, output_grads)
-        names, inputs = _grad_inputs(act.inputs) if not self.is_first else ([], [])
-        if not inputs or not roots:  # no input gradient to send: run it all at W
+        use_inputs = not self.is_first or self.split_first_stage
+        names, inputs = _grad_inputs(act.inputs) if use_inputs else ([], [])
+        if not inputs or not roots:  # no input gradient to compute: run it all at W
             self._pending_weight[microbatch] = _PendingWeight(roots, None, grads)
             return {}
         result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
         self._pending_weight[microbatch] = _PendingWeight(roots, list(result.param_groups))
-        return _named_grads(names, result.input_grads)
+        return {} if self.is_first else _named_grads(names, result.input_grads)
 
     def backward_weight(self, microbatch: int) -> None:
         """W: accumulates this microbatch's weight gradients into ``.grad``."""
@@ -244,6 +261,17 @@ class PipelineStage:
             roots.append(out)
             root_grads.append(g)
         return roots, root_grads
+
+
+def _as_leaves(inputs: Mapping[str, torch.Tensor] | torch.Tensor) -> Any:
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().requires_grad_() if t.is_floating_point() else t
+
+    if isinstance(inputs, torch.Tensor):
+        return leaf(inputs)
+    if isinstance(inputs, Mapping):
+        return {k: leaf(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return inputs
 
 
 def _grad_inputs(inputs: Tensors) -> tuple[list[str], list[torch.Tensor]]:

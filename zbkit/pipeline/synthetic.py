@@ -28,6 +28,7 @@ class _Times:
     I: float  # noqa: E741
     W: float
     mode: str
+    paid: list[str]  # one entry per backward call: "I", "W" or "IW" (what it spent time on)
 
 
 def _take(seconds: float, mode: str) -> None:
@@ -55,16 +56,20 @@ class _Timed(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         times: _Times = ctx.times
         grad_x = grad_w = None
+        paid = ""
         # The I time is paid even when x needs no gradient (stage 0): a real first stage
         # still backpropagates through its inner layers before their weights' W.
         if needs_direction(GradDirection.INPUT):
             _take(times.I, times.mode)
+            paid += "I"
             if ctx.needs_input_grad[0]:
                 grad_x = grad * weight
         if needs_direction(GradDirection.WEIGHT):
             _take(times.W, times.mode)
+            paid += "W"
             if ctx.needs_input_grad[1]:
                 grad_w = (grad * x).reshape(-1, weight.numel()).sum(0)
+        times.paid.append(paid)
         return grad_x, grad_w, None
 
 
@@ -88,8 +93,13 @@ class SyntheticStage(nn.Module):
             raise ValueError(f"mode must be 'sleep' or 'spin', got {mode!r}")
         if min(F, I, W) < 0:
             raise ValueError(f"times must be >= 0 seconds, got F={F}, I={I}, W={W}")
-        self.times = _Times(F, I, W, mode)
+        self.times = _Times(F, I, W, mode, [])
         self.weight = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    @property
+    def paid(self) -> list[str]:
+        """What each backward call spent time on, in order: "I", "W", or "IW" (a full B)."""
+        return self.times.paid
 
     def extra_repr(self) -> str:
         t = self.times
