@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from test_splitgrad_defects import Params
 
 D = 4  # feature size of every value in the program
-OPS = ["matmul", "scale", "add", "tanh", "swap_halves", "mul"]
+OPS = ["matmul", "scale", "add", "tanh", "swap_halves", "mul", "addcmul"]
 
 op = st.tuples(st.sampled_from(OPS), st.integers(0, 50), st.integers(0, 50))
 program = st.lists(op, min_size=1, max_size=9)
@@ -30,6 +30,8 @@ def run(program, m, xs, outputs):
         elif name == "swap_halves":  # chunk then cat: a node with two outputs
             lo, hi = a.chunk(2, dim=1)
             vals.append(torch.cat([hi, lo * mats[i % 3][0, 0]], dim=1))
+        elif name == "addcmul":  # one node, the same parameter on two of its edges
+            vals.append(torch.addcmul(a, m.v, m.v))
         else:
             vals.append(a * b)
     picked = [vals[-1]] + [vals[k % len(vals)] for k in outputs]

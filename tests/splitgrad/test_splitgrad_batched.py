@@ -1,0 +1,80 @@
+"""The batched weight pass: hooks, broadcasting, repeated edges, memory."""
+
+import gc
+import weakref
+
+import torch
+from _splitgrad_oracle import compare_split_to_autograd, random_grads
+from test_splitgrad_defects import Params, x_
+from torch import nn
+
+from zbkit.models import MLP
+from zbkit.splitgrad import stage_backward_input, stage_backward_weight
+
+
+def test_param_hooks_see_the_real_gradient_once():
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 4).double()
+    seen = []
+    handles = [p.register_hook(lambda g: seen.append(g.clone())) for p in lin.parameters()]
+    x = x_(5, 3)
+    out = torch.tanh(lin(x))
+    g = torch.randn_like(out)
+    res = stage_backward_input([out], [g], [x], list(lin.parameters()))
+    assert seen == []  # I computes no weight gradient
+    stage_backward_weight(list(lin.parameters()), res.param_groups)
+    for h in handles:
+        h.remove()
+    x2 = x.detach().requires_grad_()
+    gw, gb = torch.autograd.grad(torch.tanh(lin(x2)), [lin.weight, lin.bias], g)
+    assert len(seen) == 2
+    by_shape = {tuple(g.shape): g for g in seen}
+    torch.testing.assert_close(by_shape[(4, 3)], gw)
+    torch.testing.assert_close(by_shape[(4,)], gb)  # reduced from (5, 4) like autograd does
+
+
+def test_same_weight_twice_in_one_node():
+    torch.manual_seed(1)
+    m = Params(v=(4,))
+    compare_split_to_autograd(
+        m,
+        lambda m, xs: [torch.addcmul(xs[0], m.v, m.v) * xs[0]],
+        [[x_(3, 4)], [x_(3, 4)]],
+        "I0 I1 W1 W0",
+        output_grads=random_grads,
+    )
+
+
+def test_mlp_activations_die_after_w_without_gc():
+    torch.manual_seed(2)
+    mlp = MLP((4, 8, 8, 2)).double()
+    params = list(mlp.parameters())
+    gc.disable()
+    try:
+        x = x_(3, 4)
+        hidden = mlp.net[0](x)
+        ref = weakref.ref(hidden)
+        out = mlp.net[2](mlp.net[1](hidden))
+        out = mlp.net[4](mlp.net[3](out))
+        res = stage_backward_input([out], [torch.ones_like(out)], [x], params)
+        del hidden
+        stage_backward_weight(params, res.param_groups)
+        del out, res
+        assert ref() is None, "an activation outlived W: something still holds the graph"
+    finally:
+        gc.enable()
+
+
+def test_retain_graph_allows_plain_backward_afterwards():
+    torch.manual_seed(3)
+    mlp = MLP((4, 6, 2)).double()
+    params = list(mlp.parameters())
+    x = x_(3, 4)
+    out = mlp(x)
+    g = torch.randn_like(out)
+    res = stage_backward_input([out], [g], [x], params)
+    stage_backward_weight(params, res.param_groups, retain_graph=True)
+    first = [p.grad.clone() for p in params]
+    out.backward(g)  # the graph is still there: every gradient doubles
+    for p, f in zip(params, first, strict=True):
+        torch.testing.assert_close(p.grad, 2 * f)
