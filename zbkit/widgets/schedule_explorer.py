@@ -41,7 +41,7 @@ class ScheduleExplorer(w.VBox):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule {schedule!r} unknown; choose one of {SCHEDULES}")
         costs = costs if costs is not None else Costs(1.0, 1.0, 1.0, comm=0.0)
-        slider = dict(continuous_update=False, style={"description_width": "110px"})
+        slider = dict(continuous_update=False, style={"description_width": "140px"})
         self.controls: dict[str, Any] = {
             "schedule": w.Dropdown(options=SCHEDULES, value=schedule, description="schedule"),
             "pp": w.IntSlider(value=pp, min=1, max=16, description="pp (ranks)", **slider),
@@ -59,7 +59,7 @@ class ScheduleExplorer(w.VBox):
                 min=0,
                 max=64,
                 step=1,
-                description="memory limit (0: none)",
+                description="memory limit (0=none)",
                 **slider,
             ),
         }

@@ -57,14 +57,15 @@ class SplitBackwardStepper(w.VBox):
             button.on_click(lambda _, kind=kind: self.step(kind))
             button.add_class(f"zb-step-{kind}")
         self.status = w.HTML()
-        self.out = w.Output(layout=w.Layout(min_width="420px"))  # graph, and any error
+        self.out = w.Output()  # the graph, and any error
         self.table = w.HTML()
         super().__init__(
             [
                 w.HTML("<b>Split backward, step by step</b>"),
                 w.HBox(list(self.buttons.values())),
                 self.status,
-                w.HBox([self.out, self.table]),
+                self.table,
+                self.out,
             ]
         )
         self.add_class("zb-stepper")

@@ -1,0 +1,207 @@
+"""Every drawing and widget, rendered by a real JupyterLab in headless Chromium.
+
+Starts JupyterLab on 127.0.0.1 with a token, opens a fresh copy of `browser_widgets.ipynb`,
+runs all cells, and checks in the DOM that each widget rendered, that the SVG and PNG outputs
+are there, and that clicking the stepper and moving a slider change what is shown. Screenshots
+(PNG) go to `screenshots/browser_widgets/` at the repository root; the test prints where.
+
+Needs Debian's `chromium` (`apt-get install -y chromium`; `make` installs it) and Playwright
+for Python (dev extras). Never `playwright install`: it downloads a browser, which fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = REPO / "screenshots" / "browser_widgets"
+TOKEN = "zbkit-browser-test"
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # root in a container
+    "--disable-gpu",
+    "--disable-dev-shm-usage",  # small /dev/shm in containers
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WIDGETS = ("zb-stepper", "zb-group-explorer", "zb-schedule-explorer", "zb-run-viewer")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(port: int, path: str, method: str = "GET") -> object:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        method=method,
+        headers={"Authorization": f"token {TOKEN}"},
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def _start_lab(root: Path, port: int) -> subprocess.Popen:
+    home = root / ".jupyter-home"  # config, runtime, settings: all fresh, nothing shared
+    settings = home / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    # render every cell (no virtual scrolling), so the DOM holds every output
+    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    # no "get notified about Jupyter news?" toast over the outputs (and no network call)
+    toast = home / "settings" / "@jupyterlab" / "apputils-extension"
+    toast.mkdir(parents=True)
+    (toast / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(home / "config"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        JUPYTER_DATA_DIR=str(home / "data"),
+        IPYTHONDIR=str(home / "ipython"),
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [
+        sys.executable, "-m", "jupyterlab",
+        "--no-browser",
+        "--allow-root",  # the test machine runs as root
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={TOKEN}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run commands by id
+        f"--LabApp.user_settings_dir={home / 'settings'}",
+        f"--LabApp.workspaces_dir={home / 'workspaces'}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]  # fmt: skip
+    log = open(root / "jupyter.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited: {(root / 'jupyter.log').read_text()[-2000:]}")
+        try:
+            _api(port, "/api/status")
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"jupyter lab did not answer in 60 s: {(root / 'jupyter.log').read_text()}")
+
+
+# JavaScript run in the page: the notebook panel, its kernel, its cells.
+_JS_READY = """() => {
+  const p = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = p && p.sessionContext && p.sessionContext.session && p.sessionContext.session.kernel;
+  return !!(k && k.status === 'idle' && p.content && p.content.widgets.length > 0);
+}"""
+_JS_DONE = """() => {
+  const p = window.jupyterapp.shell.currentWidget;
+  const cells = p.content.widgets.filter(c => c.model.type === 'code');
+  return p.sessionContext.session.kernel.status === 'idle'
+      && cells.every(c => c.model.executionCount !== null);
+}"""
+
+
+def test_every_drawing_and_widget_renders_and_responds(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
+    from playwright.sync_api import sync_playwright
+
+    shutil.copy(HERE / "browser_widgets.ipynb", tmp_path / "nb.ipynb")  # autosave hits a copy
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    lab = _start_lab(tmp_path, port)
+    try:
+        for session in _api(port, "/api/sessions"):  # a kept kernel would skew the run
+            _api(port, f"/api/sessions/{session['id']}", method="DELETE")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": 1400, "height": 1000},
+            )
+            try:
+                _drive(browser.new_page(), port)
+            finally:
+                browser.close()
+    finally:
+        lab.terminate()
+        try:
+            lab.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            lab.kill()
+    print(f"\nscreenshots in {SHOTS}")
+
+
+def _drive(page, port: int) -> None:
+    page.set_default_timeout(30_000)
+    page.goto(f"http://127.0.0.1:{port}/lab/tree/nb.ipynb?token={TOKEN}")
+    page.wait_for_function(_JS_READY, timeout=60_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
+    page.wait_for_function(_JS_DONE, timeout=60_000, polling=500)
+    for cls in WIDGETS:
+        page.locator(f".{cls}").first.wait_for(state="visible")
+    page.screenshot(path=str(SHOTS / "01-after-run-all.png"))
+
+    text = page.inner_text(".jp-NotebookPanel")
+    assert "Error displaying widget" not in text and "Loading widget" not in text
+    assert "Traceback" not in text  # no cell raised
+    stderr = page.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+    assert stderr.count() == 0, stderr.all_inner_texts()
+    # draw_graph's SVG (JupyterLab shows SVG as an <img> with a data URL) and both figures
+    assert page.locator('img[src^="data:image/svg+xml"]').count() >= 2  # cell + explorer
+    assert page.locator('.jp-OutputArea-output img[src^="data:image/png"]').count() >= 2
+    for cls in ("zb-schedule-explorer", "zb-run-viewer"):  # Image widgets: PNG blobs
+        img = page.locator(f".{cls} img").first
+        assert img.evaluate("i => i.naturalWidth") > 100
+    for n, cls in enumerate(WIDGETS, start=2):
+        page.locator(f".{cls}").first.screenshot(path=str(SHOTS / f"0{n}-{cls}.png"))
+
+    # the stepper: F draws the graph, then I lights up the input pass
+    stepper = page.locator(".zb-stepper")
+    assert stepper.locator("img").count() == 0
+    stepper.locator(".zb-step-F").click()
+    stepper.get_by_text("Forward done").wait_for()
+    stepper.locator('img[src^="data:image/svg+xml"]').wait_for()  # the graph, drawn by F
+    assert stepper.locator("img").count() == 1
+    stepper.locator(".zb-step-I").click()
+    stepper.get_by_text("I done").wait_for()
+    assert "filled" in stepper.inner_text() and "empty" in stepper.inner_text()
+    stepper.screenshot(path=str(SHOTS / "06-stepper-after-I.png"))
+
+    # the schedule explorer: one step of the pp slider redraws with other numbers
+    explorer = page.locator(".zb-schedule-explorer")
+    before = explorer.locator(".zb-table").inner_text()
+    src_before = explorer.locator("img").get_attribute("src")
+    handle = explorer.locator(".zb-ctl-pp .noUi-handle")
+    handle.focus()
+    handle.press("ArrowRight")  # pp 4 -> 5
+    page.wait_for_function(
+        "([el, old]) => el.innerText !== old",
+        arg=[explorer.locator(".zb-table").element_handle(), before],
+    )
+    assert "pp (ranks)" in explorer.inner_text()
+    assert explorer.locator(".zb-ctl-pp .widget-readout").inner_text().strip() == "5"
+    assert explorer.locator("img").get_attribute("src") != src_before
+    explorer.screenshot(path=str(SHOTS / "07-schedule-explorer-pp5.png"))
