@@ -119,3 +119,14 @@ def test_exit_status_names_signals():
     assert exit_status(3) == "exit code 3"
     assert exit_status(-signal.SIGKILL).startswith("killed by SIGKILL")
     assert exit_status(-signal.SIGSEGV) == "killed by SIGSEGV"
+
+
+def test_from_zbkit_import_launch_is_callable_even_after_the_package_is_imported():
+    import zbkit
+    import zbkit.launch as package
+    from zbkit import launch as launch_name
+
+    assert launch_name is package and zbkit.launch is package  # Python's import sets this
+    assert package.Cluster is Cluster and zbkit.LaunchError is LaunchError
+    with pytest.raises(ValueError, match="nprocs must be a positive int"):
+        launch_name(add, 1, 2, nprocs=0)  # calling the package calls launch()

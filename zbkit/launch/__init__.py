@@ -11,8 +11,25 @@ the processes and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_POR
 stand-in for torchrun; it sets the same variables.
 """
 
+import inspect
+import sys
+import types
+
 from zbkit.launch._procs import LaunchError
 from zbkit.launch.cluster import Cluster
 from zbkit.launch.launcher import launch
 
 __all__ = ["Cluster", "LaunchError", "launch"]
+
+
+class _CallableModule(types.ModuleType):
+    """`zbkit.launch` is both this package and the function: importing the package makes
+    Python set the attribute ``zbkit.launch`` to the package, so ``from zbkit import launch``
+    can hand back the package. Calling the package therefore calls the function."""
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return launch(*args, **kwargs)
+
+
+__signature__ = inspect.signature(launch)
+sys.modules[__name__].__class__ = _CallableModule

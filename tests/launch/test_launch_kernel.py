@@ -1,0 +1,121 @@
+"""The magics and launch() inside a real Jupyter kernel: outputs land in the right cell,
+state persists across cells, an interrupt stops the ranks, nothing is left behind."""
+
+import time
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+
+class Kernel:
+    def __init__(self):
+        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        self.km.start_kernel(env={"OMP_NUM_THREADS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code, timeout=120):
+        """Execute one cell; return (reply content, the iopub messages of that cell)."""
+        msgs = []
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
+        return reply["content"], msgs
+
+    def close(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def text(msgs, name="stdout"):
+    return "".join(m["content"]["text"] for m in msgs if m["content"].get("name") == name)
+
+
+def results(msgs, kind="execute_result"):
+    return [m["content"]["data"] for m in msgs if m["msg_type"] == kind]
+
+
+def workers(pid):
+    kids = psutil.Process(pid).children(recursive=True)
+    return [p for p in kids if p.is_running() and "zbkit.launch._worker" in " ".join(p.cmdline())]
+
+
+def test_magics_and_launch_in_a_kernel():
+    k = Kernel()
+    try:
+        reply, msgs = k.run("import os, sys; os.getpid(), sys.executable")
+        pid, exe = eval(results(msgs)[0]["text/plain"])
+        assert reply["status"] == "ok" and ".venv" in exe
+
+        reply, msgs = k.run("%load_ext zbkit\n%zb_start -n 2")
+        assert reply["status"] == "ok", reply
+        assert "started 2 ranks (gloo)" in text(msgs)
+        assert len(workers(pid)) == 2
+
+        # Output and values per rank, in this cell; state kept for the next one.
+        reply, msgs = k.run("%%zb\nx = rank * 10\nprint('hello', rank)\nx")
+        out = text(msgs)
+        assert "[rank 0] hello 0\n" in out and "[rank 1] hello 1\n" in out
+        assert "[rank 0] 0\n" in out and "[rank 1] 10\n" in out
+        reply, msgs = k.run("%%zb --rank 1\nx + 1")
+        assert text(msgs) == "[rank 1] 11\n"
+
+        # A figure on each rank renders as a PNG in the notebook.
+        plot = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, rank])\n"
+        reply, msgs = k.run("%%zb\n" + plot + "fig")
+        pngs = [d for d in results(msgs, "display_data") if "image/png" in d]
+        assert reply["status"] == "ok" and len(pngs) == 2
+
+        # An error on one rank: a LaunchError with the rank's traceback; the cluster lives on.
+        reply, msgs = k.run("%%zb\nassert rank == 0, 'only rank 0 may pass'")
+        assert reply["status"] == "error" and reply["ename"] == "LaunchError"
+        assert "AssertionError: only rank 0 may pass" in "\n".join(reply["traceback"])
+        reply, msgs = k.run("%%zb\nx")
+        assert "[rank 1] 10\n" in text(msgs)
+
+        reply, msgs = k.run("%zb_status")
+        assert "2 ranks, backend='gloo', running" in text(msgs)
+        reply, msgs = k.run("%zb_stop")
+        assert text(msgs) == "stopped\n" and workers(pid) == []
+
+        # launch() with a function defined in the notebook: its result comes back.
+        define = (
+            "from zbkit import launch\n"
+            "def total(scale):\n"
+            "    import torch, torch.distributed as dist\n"
+            "    t = torch.tensor([float(dist.get_rank() + 1)]) * scale\n"
+            "    dist.all_reduce(t)\n"
+            "    return t.item()\n"
+        )
+        reply, msgs = k.run(define + "launch(total, 2, nprocs=2)")
+        assert results(msgs)[0]["text/plain"] == "[6.0, 6.0]"
+
+        # The stop button during a launch: ranks stopped, KeyboardInterrupt in the cell.
+        msg_id = k.kc.execute(
+            "import time\n"
+            "def sleepy():\n"
+            "    print('sleeping', flush=True)\n"
+            "    time.sleep(600)\n"
+            "launch(sleepy, nprocs=2)"
+        )
+        seen = ""
+        deadline = time.monotonic() + 60
+        while seen.count("sleeping") < 2 and time.monotonic() < deadline:
+            msg = k.kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen += msg["content"]["text"]
+        assert "[rank 0] sleeping" in seen and "[rank 1] sleeping" in seen
+        k.km.interrupt_kernel()
+        reply = k.kc.get_shell_msg(timeout=60)["content"]
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert workers(pid) == []
+
+        # The next launch in the same kernel works, and leaves no process behind.
+        reply, msgs = k.run("launch(total, 1, nprocs=2)")
+        assert results(msgs)[0]["text/plain"] == "[3.0, 3.0]"
+        assert psutil.Process(pid).children(recursive=True) == []
+    finally:
+        k.close()
