@@ -16,13 +16,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# Graphviz's `dot` renders the graph drawings; Chromium drives the widget browser test.
 system-deps:
-	@command -v dot >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; \
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "Graphviz's 'dot' is missing: install it (apt-get install graphviz, brew install graphviz, conda install graphviz)"; exit 1; \
-	  fi; }
+	    echo "missing system packages:$$missing. Install them (apt-get install$$missing; brew install graphviz chromium; conda install graphviz)"; exit 1; \
+	  fi; \
+	fi
 
 test: setup
 	$(PY) -m pytest -q
