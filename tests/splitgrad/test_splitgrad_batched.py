@@ -78,3 +78,32 @@ def test_retain_graph_allows_plain_backward_afterwards():
     out.backward(g)  # the graph is still there: every gradient doubles
     for p, f in zip(params, first, strict=True):
         torch.testing.assert_close(p.grad, 2 * f)
+
+
+class Scale(torch.autograd.Function):
+    """y = x * w elementwise, as a custom Function (so W takes the engine path)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).sum(0)
+
+
+def test_tensor_hook_that_changes_a_gradient_applies_once():
+    # a hook on an activation doubles its gradient; W must not apply it again
+    torch.manual_seed(4)
+    m = Params(w=(3, 3), v=(3,))
+
+    def fwd(m, xs):
+        h = xs[0] @ m.w  # made by a built-in node: batched W
+        h.register_hook(lambda g: g * 2)
+        k = Scale.apply(torch.sin(h), m.v)  # made by a custom Function: engine-path W
+        k.register_hook(lambda g: g * 3)
+        return [k.tanh()]
+
+    compare_split_to_autograd(m, fwd, [[x_(2, 3)], [x_(2, 3)]], output_grads=random_grads)

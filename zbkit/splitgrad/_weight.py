@@ -66,9 +66,11 @@ def _run_group(group: ParamGroup, retain_graph: bool) -> None:
                 grads.append(g)
     handles = []
     try:
-        if len(group.intermediates) > 1:
-            for node, captured in zip(group.intermediates, group.grads, strict=True):
-                handles.append(node.register_prehook(functools.partial(_clamp, captured)))
+        # always clamp: besides the double count of reused parameters, this also
+        # undoes a second application of tensor hooks on the intermediates' inputs
+        # (the engine runs them again in W; I already captured their result)
+        for node, captured in zip(group.intermediates, group.grads, strict=True):
+            handles.append(node.register_prehook(functools.partial(_clamp, captured)))
         if edges:
             dirs = _BOTH if group.needs_both_directions else (GradDirection.WEIGHT,)
             with grad_directions(*dirs):
