@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 import torch.distributed as dist
 from pipeline_models import batch, loss_fn, make_stages, oracle, schedule
@@ -27,6 +30,13 @@ def _max_err(mods, expected) -> float:
     return worst
 
 
+def _remember(seen: list) -> object:
+    def hook(module, args, out: dict) -> None:
+        seen.extend(weakref.ref(t) for t in out.values())
+
+    return hook
+
+
 def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list[dict]:
     """Every (schedule, microbatches) case: this rank's gradients vs full-batch autograd."""
     rank, dev = dist.get_rank(), _device(backend)
@@ -40,8 +50,13 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
         stages = [PipelineStage(mods[s].to(dev), s, sch.num_stages) for s in mine]
         runner = ScheduleRunner(sch, stages, loss_fn, timeout=60)
         holds_first, holds_last = 0 in mine, sch.num_stages - 1 in mine
+        seen: list[weakref.ref] = []  # every stage output: must be freed after the step
+        hooks = [st.module.register_forward_hook(_remember(seen)) for st in stages]
         losses = runner.step(x.to(dev) if holds_first else None,
                              targets=y.to(dev) if holds_last else None)  # fmt: skip
+        for h in hooks:
+            h.remove()
+        gc.collect()
         sim = simulate(sch, Costs()).peak_memory[rank]
         report.append(
             {
@@ -55,6 +70,8 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
                 "sim_peak": sim,
                 "pending": runner.p2p.pending,
                 "held": sum(st.held_activations + st.held_weight_state for st in stages),
+                "alive": sum(r() is not None for r in seen),
+                "outputs": len(seen),
                 "events": len(runner.trace.events),
                 "actions": len(sch.program[rank]),
             }

@@ -54,6 +54,7 @@ def test_runner_matches_full_batch_autograd(backend: str) -> None:
         assert r["events"] == r["actions"], r
         assert r["peak"] == r["sim_peak"], r
         assert r["pending"] == 0 and r["held"] == 0, r
+        assert r["outputs"] > 0 and r["alive"] == 0, r  # every activation's graph was freed
     # losses come back on the last stage's rank only (rank 0 for zb-v, else rank 3)
     for r in rows:
         last_rank = 0 if r["case"].startswith("zb-v") else 3

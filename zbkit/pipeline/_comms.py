@@ -132,6 +132,15 @@ class P2P:
         self.timeout = timeout
         self.where = where  # e.g. "rank 1", prefixed to every error
         self.batched = dist.get_backend(group) == "nccl"
+        # NCCL runs the p2p ops between two ranks in issue order on one stream and ignores
+        # tags, so activations (flowing down) and gradients (flowing up) get a communicator
+        # each: otherwise a send of activations could wait behind a receive of gradients
+        # that waits for it. Gloo matches by tag: one group serves both.
+        self._channel = {"act": group, "grad": group}
+        if self.batched:
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            for what in self._channel:
+                self._channel[what] = dist.new_group(ranks, use_local_synchronization=True)
         self._num_stages = num_stages
         self._microbatches = microbatches
         if 2 * num_stages * microbatches * _SLOTS >= _META_BASE:
@@ -226,7 +235,8 @@ class P2P:
             return []
         if self.batched:
             pairs = zip(tensors, tags, strict=True)
-            ops = [dist.P2POp(fn, t, peer, self.group, tag) for t, tag in pairs]
+            channel = self._channel[comm.what]
+            ops = [dist.P2POp(fn, t, peer, channel, tag) for t, tag in pairs]
             works = dist.batch_isend_irecv(ops)
         else:
             works = [

@@ -179,7 +179,11 @@ class ScheduleRunner:
     def _start_reduce(self, stage: int) -> tuple[Any, int, torch.Tensor, list[torch.Tensor]]:
         # One flat buffer per stage: one all-reduce instead of one per parameter.
         grads = [p.grad for p in self.stages[stage].module.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        flat = (
+            torch.cat([g.reshape(-1) for g in grads])
+            if grads
+            else torch.zeros(0, device=self.p2p.device)
+        )
         work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
         return work, stage, flat, grads
 
