@@ -52,7 +52,8 @@ def test_zb_auto_beats_the_handcrafted_schedules(model, m):
     zb2p = simulate(build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
                                    memory_limit=2 * p * 1.0), costs)  # fmt: skip
     assert max(zb2p.peak_memory) <= 2 * p + 1e-9
-    assert zb2p.bubble_rate <= h2.bubble_rate + 1e-12
+    # clearly better than ZB-H2 with real times (measured: 0.6-0.8 of its bubble rate)
+    assert zb2p.bubble_rate <= 0.85 * h2.bubble_rate
     assert zb2p.bubble_rate < zb1p.bubble_rate
 
 

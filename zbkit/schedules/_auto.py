@@ -15,7 +15,7 @@ from zbkit.schedules._build_greedy import greedy
 from zbkit.schedules.schedule import Schedule
 from zbkit.schedules.simulate import Costs, simulate
 
-_POLICIES = [(0.0, False), (1.0, False), (0.0, True), (1.0, True)]  # (fill, prefer_f)
+_POLICIES = [(fill, hold) for fill in (0.0, 0.5, 1.0) for hold in (0.0, 0.5, 1.0)]
 
 
 def _costs(costs: Costs | Sequence[Costs] | None, stages: int, name: str) -> list[Costs]:
@@ -53,8 +53,8 @@ def zb_v(
         # 1F1B's rank 0 holds p microbatches of its whole model part = 2p half-size chunks
         memory_limit = 2 * pp * max(c.mem_activation for c in per_stage)
     candidates = [
-        Schedule(greedy(placement, m, per_stage, memory_limit, fill, pf), placement, m, name)
-        for fill, pf in _POLICIES
+        Schedule(greedy(placement, m, per_stage, memory_limit, fill, hold), placement, m, name)
+        for fill, hold in _POLICIES
     ]
     return _best(candidates, per_stage, memory_limit)
 
@@ -74,8 +74,8 @@ def zb_auto(
     if not isinstance(memory_limit, int | float) or memory_limit <= 0:
         raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
     candidates = [
-        Schedule(greedy(placement, m, per_stage, memory_limit, fill, pf), placement, m, name)
-        for fill, pf in _POLICIES
+        Schedule(greedy(placement, m, per_stage, memory_limit, fill, hold), placement, m, name)
+        for fill, hold in _POLICIES
     ]
     for handcrafted in (fixed.zb_h1, fixed.zb_h2):
         candidates.append(Schedule(handcrafted(pp, m), placement, m, name))

@@ -7,9 +7,10 @@ Whenever a rank is free it picks, in this order:
      (warm-up then runs as many forwards as memory and the first I allow),
   3. a W: it depends on nothing, so it fills what would otherwise be a bubble, and it
      frees memory when the limit stops the next F.
-`fill` > 0 makes a rank wait instead of starting a W that would delay an I known to
-arrive within `fill * W`; the automatic builder tries a few such policies and keeps the
-fastest, measured by `simulate`.
+An I is on the critical path (every stage before it waits), so `hold` > 0 (`fill` > 0)
+makes a rank wait instead of starting an F (a W) that would delay an I known to arrive
+within `hold * F` (`fill * W`). The builders try a few such policies and keep the fastest,
+measured by `simulate`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def greedy(
     costs: list[Costs],
     memory_limit: float,
     fill: float = 0.0,
-    prefer_f: bool = False,
+    hold: float = 0.0,
 ) -> dict[int, list[Action]]:
     n = len(stage_to_rank)
     p = max(stage_to_rank) + 1
@@ -103,19 +104,22 @@ def greedy(
 
     def decide(r: int, t: float) -> None:
         heap = ready_i[r]
-        i_ready = bool(heap) and heap[0][0] <= t + _EPS
-        f = next_forward(r, t) if (prefer_f or not i_ready) else None
-        if f is not None:
-            next_f[f.stage] += 1
-            return run(r, f, t)
-        if i_ready:
+        if heap and heap[0][0] <= t + _EPS:
             _, j, neg_s = heapq.heappop(heap)
             return run(r, Action(-neg_s, "I", j), t)
+        # an I already on its way (the next stage started it) is on the critical path:
+        # with hold/fill > 0, do not start an F/W that would still run when it arrives
+        soon = heap[0][0] - t if heap else None
+        f = next_forward(r, t)
+        if f is not None:
+            if hold > 0 and soon is not None and soon < hold * costs[f.stage].F - _EPS:
+                return
+            next_f[f.stage] += 1
+            return run(r, f, t)
         if pending_w[r]:
             s, j = pending_w[r][0]
-            soon = heap[0][0] if heap else None
-            if fill > 0 and soon is not None and soon - t < fill * costs[s].W - _EPS:
-                return  # an I arrives before this W would end: keep the rank free for it
+            if fill > 0 and soon is not None and soon < fill * costs[s].W - _EPS:
+                return
             pending_w[r].popleft()
             return run(r, Action(s, "W", j), t)
 
