@@ -127,16 +127,25 @@ def stage_backward_input(
     weights = _check_tensors("weights", list(weights))
     tensors, grads = _roots(outputs, output_grads)
 
-    # node of each weight; tied weights share one AccumulateGrad node
-    weight_of: dict[Node, torch.Tensor] = {}
-    for w in weights:
-        node = grad_node(w)
-        if node is not None:
-            weight_of.setdefault(node, w)
     out_edges = [get_gradient_edge(t) for t in tensors]
     input_nodes = [grad_node(x) for x in inputs if x.requires_grad]
-
     reverse = build_reverse_graph([e.node for e in out_edges])
+
+    # node of each weight; tied weights share one AccumulateGrad node. Reading
+    # the leaves off the graph's AccumulateGrad nodes is much cheaper than asking
+    # every parameter for its node (that builds a throwaway view per parameter).
+    leaf_node = {}
+    for node in reverse:
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad nodes have it
+        if leaf is not None:
+            leaf_node[id(leaf)] = node
+    weight_of: dict[Node, torch.Tensor] = {}
+    for w in weights:
+        node = leaf_node.get(id(w))
+        if node is None and w.requires_grad and not w.is_leaf:
+            node = w.grad_fn
+        if node is not None:  # None: frozen, or the outputs do not depend on it
+            weight_of.setdefault(node, w)
     groups = group_params(
         input_nodes, list(weight_of), reverse, output_nodes=[e.node for e in out_edges]
     )
