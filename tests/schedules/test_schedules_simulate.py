@@ -50,5 +50,6 @@ def test_costs_are_checked_and_parsed():
     with pytest.raises(ValueError, match="Costs.W must be a number >= 0"):
         Costs(W=-1)
     assert Costs.parse("18.5,18.1,9.3,0.6") == Costs(18.5, 18.1, 9.3, 0.6)
+    assert Costs.parse("1,1,1,0,2,0.5") == Costs(1, 1, 1, 0, 2, 0.5)
     with pytest.raises(ValueError, match="F,I,W"):
         Costs.parse("1,2")

@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", choices=SCHEDULES, help="schedule to build")
     parser.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
     parser.add_argument("-m", "--microbatches", type=int, default=8, help="default 8")
-    parser.add_argument("--costs", default="1,1,1", help="F,I,W[,comm] per stage (default 1,1,1)")
+    parser.add_argument(
+        "--costs", default="1,1,1", help="F,I,W[,comm[,M_B[,M_W]]] per stage (default 1,1,1)"
+    )
     parser.add_argument(
         "--memory-limit", type=float, default=None, help="zb-auto/zb-v: in activations (M_B)"
     )

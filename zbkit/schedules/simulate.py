@@ -39,13 +39,17 @@ class Costs:
 
     @classmethod
     def parse(cls, text: str) -> Costs:
-        """'F,I,W[,comm]' as typed on the command line, e.g. '1,1,1' or '18.5,18.1,9.3,0.6'."""
+        """'F,I,W[,comm[,mem_activation[,mem_weight]]]' as typed on the command line,
+        e.g. '1,1,1' or '18.5,18.1,9.3,0.6,1,0.37'."""
         try:
             values = [float(x) for x in text.split(",")]
         except ValueError:
             values = []
-        if not 3 <= len(values) <= 4:
-            raise ValueError(f"costs must be 'F,I,W' or 'F,I,W,comm' numbers, got {text!r}")
+        if not 3 <= len(values) <= 6:
+            raise ValueError(
+                "costs must be 3 to 6 numbers 'F,I,W[,comm[,mem_activation[,mem_weight]]]', "
+                f"got {text!r}"
+            )
         return cls(*values)
 
     def duration(self, kind: str) -> float:

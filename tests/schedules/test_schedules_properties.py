@@ -1,0 +1,80 @@
+"""The simulator's events re-checked against DESIGN.md's rules, written out independently."""
+
+import random
+
+import pytest
+
+from zbkit.schedules import SCHEDULES, Costs, ScheduleError, build_schedule, simulate, validate
+
+COSTS = [Costs(F=1.0, I=1.2, W=0.7, comm=0.1), Costs(F=2.0, I=1.0, W=1.5, comm=0.0)]
+
+
+def check_events(sim, per_stage):
+    s = sim.schedule
+    end = {(e.stage, e.kind, e.microbatch): e.end for e in sim.events}
+    last = s.num_stages - 1
+    by_rank = {}
+    for e in sim.events:
+        by_rank.setdefault(e.rank, []).append(e)
+    for rank, events in by_rank.items():
+        assert [(e.stage, e.kind, e.microbatch) for e in events] == [
+            (a.stage, a.kind, a.microbatch) for a in s.program[rank]
+        ]
+        prev_end = None
+        for e in events:
+            c = per_stage[e.stage]
+            duration = {"F": c.F, "I": c.I, "W": c.W, "B": c.I + c.W}[e.kind]
+            assert e.end - e.start == pytest.approx(duration)
+            # the rule: F(s,j) <- F(s-1,j); I/B(s,j) <- F(s,j) and I/B(s+1,j); W <- I
+            deps = []
+            if e.kind == "F" and e.stage > 0:
+                deps = [(e.stage - 1, "F")]
+            elif e.kind == "W":
+                deps = [(e.stage, "I")]
+            elif e.kind in "IB":
+                deps = [(e.stage, "F")] + ([(e.stage + 1, "IB")] if e.stage < last else [])
+            ready = 0.0 if prev_end is None else prev_end
+            for stage, kinds in deps:
+                t = max(end.get((stage, k, e.microbatch), -1.0) for k in kinds)
+                assert t >= 0, (e, stage, kinds)
+                if s.stage_to_rank[stage] != rank:
+                    t += c.comm
+                ready = max(ready, t)
+            # one action at a time, and as soon as possible
+            assert e.start == pytest.approx(ready), e
+            prev_end = e.end
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_simulated_events_follow_the_rules(name):
+    for p, m, costs in [(2, 4, COSTS[0]), (3, 6, COSTS[1]), (4, 8, COSTS[0])]:
+        kwargs = {"costs": costs} if name in ("zb-auto", "zb-v") else {}
+        s = build_schedule(name, pp=p, microbatches=m, **kwargs)
+        sim = simulate(s, costs)
+        check_events(sim, [costs] * s.num_stages)
+        assert sim.makespan == pytest.approx(
+            max(e.end for e in sim.events) - min(e.start for e in sim.events)
+        )
+        work = m * s.stages_per_rank * (costs.F + costs.I + costs.W)
+        assert sim.bubble_rate == pytest.approx((max(sim.span) - work) / max(sim.span))
+        assert sim.busy == pytest.approx([work] * p)
+
+
+def test_random_swaps_either_validate_or_raise_schedule_error():
+    rng = random.Random(0)
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(200):
+        name = rng.choice(["1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b"])
+        s = build_schedule(name, pp=rng.choice([2, 4]), microbatches=4)
+        row = s.program[rng.randrange(s.pp)]
+        i = rng.randrange(len(row) - 1)
+        row[i], row[i + 1] = row[i + 1], row[i]
+        try:
+            validate(s)
+        except ScheduleError as err:
+            assert "<-- ERROR HERE" in str(err) and "rank" in str(err)
+            outcomes["error"] += 1
+            continue
+        outcomes["ok"] += 1
+        check_events(simulate(s, COSTS[0]), [COSTS[0]] * s.num_stages)
+    assert outcomes["ok"] > 20 and outcomes["error"] > 20
