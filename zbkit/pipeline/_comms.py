@@ -29,6 +29,7 @@ import torch.distributed as dist
 _KIND_TAG = {"act": 0, "grad": 1}
 _SLOTS = 64  # tags per message: tensor i of a message uses tag base * _SLOTS + i
 _META_BASE = 1 << 30  # the once-per-step shape messages use tags above this
+_META_BYTES = 4096  # one fixed-size message: the receiver can post it before it knows anything
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,25 @@ class _Meta:
         )
 
 
+def _pack(meta: _Meta, device: torch.device) -> torch.Tensor:
+    """The meta as a fixed-size byte tensor: 4 bytes of length, then the pickle."""
+    blob = pickle.dumps(meta)
+    if len(blob) + 4 > _META_BYTES:
+        raise ValueError(
+            f"the names and shapes of one message take {len(blob)} bytes pickled, over the "
+            f"{_META_BYTES - 4} a shape message holds; send fewer tensors per stage"
+        )
+    buf = bytearray(_META_BYTES)
+    buf[:4] = len(blob).to_bytes(4, "little")
+    buf[4 : 4 + len(blob)] = blob
+    return torch.frombuffer(buf, dtype=torch.uint8).to(device)  # NCCL sends device memory
+
+
+def _unpack(buf: torch.Tensor) -> _Meta:
+    raw = buf.cpu().numpy().tobytes()
+    return pickle.loads(raw[4 : 4 + int.from_bytes(raw[:4], "little")])
+
+
 class P2P:
     """Moves one step's tensors between this rank and its pipeline neighbours.
 
@@ -151,20 +171,22 @@ class P2P:
         self._recv_meta: dict[tuple[str, int], _Meta] = {}
         self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
         self._early: dict[Comm, tuple[list, list[torch.Tensor]]] = {}  # receives posted ahead
+        self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
 
     def new_step(self) -> None:
         """Shapes may change between steps (another batch size): agree them afresh."""
         self._sent_meta.clear()
         self._recv_meta.clear()
         self._early.clear()  # only left over after a failed step
+        self._early_meta.clear()
 
     # ------------------------------------------------------------------ tags and peers
     def _tag(self, comm: Comm, index: int) -> int:
         base = (_KIND_TAG[comm.what] * self._num_stages + comm.stage) * self._microbatches
         return (base + comm.microbatch) * _SLOTS + index
 
-    def _meta_tag(self, comm: Comm, index: int) -> int:
-        return _META_BASE + (_KIND_TAG[comm.what] * self._num_stages + comm.stage) * 2 + index
+    def _meta_tag(self, comm: Comm) -> int:
+        return _META_BASE + _KIND_TAG[comm.what] * self._num_stages + comm.stage
 
     def _global(self, peer: int) -> int:
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
@@ -178,12 +200,7 @@ class P2P:
         agreed = self._sent_meta.get((comm.what, comm.stage))
         if agreed is None:
             self._sent_meta[(comm.what, comm.stage)] = meta
-            blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
-            size = torch.tensor([blob.numel()], dtype=torch.int64)
-            size, blob = size.to(self.device), blob.to(self.device)  # NCCL sends device memory
-            self._post(
-                "send", comm, [size, blob], [self._meta_tag(comm, 0), self._meta_tag(comm, 1)]
-            )
+            self._post("send", comm, [_pack(meta, self.device)], [self._meta_tag(comm)])
         elif meta != agreed:
             raise ValueError(
                 f"{self.where}: {comm} has tensors {{{meta.describe()}}} but this step's first "
@@ -204,11 +221,9 @@ class P2P:
         key = (comm.what, comm.stage)
         meta = self._recv_meta.get(key)
         if meta is None:
-            size = torch.empty(1, dtype=torch.int64, device=self.device)
-            self._wait(self._post("recv", comm, [size], [self._meta_tag(comm, 0)]), comm)
-            blob = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-            self._wait(self._post("recv", comm, [blob], [self._meta_tag(comm, 1)]), comm)
-            meta = self._recv_meta[key] = pickle.loads(blob.cpu().numpy().tobytes())
+            works, buf = self._early_meta.pop(key, None) or self._post_meta_recv(comm)
+            self._wait(works, comm)
+            meta = self._recv_meta[key] = _unpack(buf)
         works, bufs = self._early.pop(comm, None) or self._post_recv(comm, meta)
         self._wait(works, comm)
         if next_comm is not None and not self.batched:
@@ -218,6 +233,20 @@ class P2P:
             k: b.requires_grad_(rg) if b.is_floating_point() else b
             for k, b, rg in zip(meta.names, bufs, meta.requires_grad, strict=True)
         }
+
+    def expect(self, comms: list[Comm]) -> None:
+        """Step start: post the shape message of every edge this rank will receive on, so
+        each arrives while the rank computes (gloo only, as for ``next_comm``)."""
+        if self.batched:
+            return
+        for comm in comms:
+            key = (comm.what, comm.stage)
+            if comm.op == "recv" and key not in self._early_meta:
+                self._early_meta[key] = self._post_meta_recv(comm)
+
+    def _post_meta_recv(self, comm: Comm) -> tuple[list, torch.Tensor]:
+        buf = torch.empty(_META_BYTES, dtype=torch.uint8, device=self.device)
+        return self._post("recv", comm, [buf], [self._meta_tag(comm)]), buf
 
     def _post_recv(self, comm: Comm, meta: _Meta) -> tuple[list, list[torch.Tensor]]:
         bufs = [
@@ -266,4 +295,4 @@ class P2P:
     @property
     def pending(self) -> int:
         """Sends not yet completed plus receives posted ahead: 0 after a good step."""
-        return len(self._pending) + len(self._early)
+        return len(self._pending) + len(self._early) + len(self._early_meta)

@@ -132,6 +132,7 @@ class ScheduleRunner:
             clock,
         )
         self.p2p.new_step()
+        self.p2p.expect([c for c in self.plan if isinstance(c, Comm)])
         reductions: list[tuple[Any, int, torch.Tensor, list[torch.Tensor]]] = []
         try:
             for i, item in enumerate(self.plan):
