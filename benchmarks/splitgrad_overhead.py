@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.pipelining import _backward as torch_split
 
 from zbkit.models import ResidualMLPBlock
+from zbkit.splitgrad import _weight as split_weight
 from zbkit.splitgrad import stage_backward_input, stage_backward_weight
 
 CONFIGS = {
@@ -60,42 +61,63 @@ def _torch(model, x, g):
     return time.perf_counter() - t0
 
 
+def _ours_engine_only(model, x, g):
+    # ablation: every group through its own engine call (no batched W)
+    batchable, split_weight._batchable = split_weight._batchable, lambda group: False
+    try:
+        return _ours(model, x, g)
+    finally:
+        split_weight._batchable = batchable
+
+
 VARIANTS = {"plain": _plain, "zbkit": _ours, "torch": _torch}
+ABLATIONS = {"zbkit-engine-W": _ours_engine_only}
 
 
-def measure(cfg: dict, reps: int) -> dict[str, list[float]]:
+def measure(cfg: dict, reps: int, variants: dict) -> dict[str, list[float]]:
     torch.manual_seed(0)
     model = nn.Sequential(*(ResidualMLPBlock(cfg["dim"]) for _ in range(cfg["blocks"])))
     g = torch.randn(cfg["shape"])
-    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
-    names = list(VARIANTS)
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
     for rep in range(reps + 3):  # 3 warm-up repetitions, dropped
-        for k in names[rep % 3 :] + names[: rep % 3]:  # rotate who goes first
+        r = rep % len(names)
+        for k in names[r:] + names[:r]:  # rotate who goes first
             x = torch.randn(cfg["shape"], requires_grad=True)
             model.zero_grad(set_to_none=True)
-            dt = VARIANTS[k](model, x, g)
+            dt = variants[k](model, x, g)
             if rep >= 3:
                 times[k].append(dt)
     return times
+
+
+def ratio(t: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over repetitions of time(a) / time(b), each pair from the same repetition."""
+    return statistics.median(x / y for x, y in zip(t[a], t[b], strict=True))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--only", choices=sorted(CONFIGS))
+    parser.add_argument(
+        "--ablate", action="store_true", help="also time W with one engine call per group"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     for key, cfg in CONFIGS.items():
         if args.only and key != args.only:
             continue
-        t = measure(cfg, args.reps)
-        ratio = lambda a, b: statistics.median(x / y for x, y in zip(t[a], t[b], strict=True))
+        variants = VARIANTS | (ABLATIONS if args.ablate else {})
+        t = measure(cfg, args.reps, variants)
         print(
             f"({key}) {cfg['label']}: plain {statistics.median(t['plain']) * 1e3:.2f} ms | "
-            f"zbkit I+W / plain = {ratio('zbkit', 'plain'):.2f}x | "
-            f"torch I+W / plain = {ratio('torch', 'plain'):.2f}x | "
-            f"zbkit / torch = {ratio('zbkit', 'torch'):.2f}x"
+            f"zbkit I+W / plain = {ratio(t, 'zbkit', 'plain'):.2f}x | "
+            f"torch I+W / plain = {ratio(t, 'torch', 'plain'):.2f}x | "
+            f"zbkit / torch = {ratio(t, 'zbkit', 'torch'):.2f}x"
         )
+        for k in ABLATIONS if args.ablate else ():
+            print(f"    ablation {k} / plain = {ratio(t, k, 'plain'):.2f}x")
 
 
 if __name__ == "__main__":
