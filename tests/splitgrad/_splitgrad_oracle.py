@@ -59,7 +59,10 @@ def compare_split_to_autograd(
         if kind == "I":
             xs = _clone_inputs(microbatches[i])
             outs = forward(module, xs)
+            before = [None if p.grad is None else p.grad.clone() for p in params]
             res = stage_backward_input(outs, grads_for[i], xs, params)
+            for p, b in zip(params, before, strict=True):  # I leaves every .grad alone
+                assert (p.grad is None) == (b is None) and (b is None or torch.equal(p.grad, b))
             for j, (x, g) in enumerate(zip(xs, res.input_grads, strict=True)):
                 want = ref_input_grads[i][j]
                 assert x.grad is None, "stage_backward_input must not touch inputs' .grad"
