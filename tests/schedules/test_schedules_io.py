@@ -45,8 +45,8 @@ def test_torch_zbv_golden_loads_validates_and_has_no_bubble():
     validate(s)
     sim = simulate(s, Costs(1, 1, 1))
     assert sim.bubble_rate == pytest.approx(0.0, abs=1e-12)
-    ours = simulate(build_schedule("zb-v", pp=4, microbatches=8), Costs(1, 1, 1))
-    assert max(ours.peak_memory) <= max(sim.peak_memory)
+    # with equal costs our zb-v is the paper's pattern, action for action
+    assert build_schedule("zb-v", pp=4, microbatches=8).program == s.program
 
 
 def test_torch_generated_schedules_load_live(tmp_path):
@@ -68,6 +68,10 @@ def test_torch_generated_schedules_load_live(tmp_path):
         validate(s)
         assert len(s) == 3 * 2 * p * m
         assert simulate(s, Costs()).bubble_rate < 0.2
+        if cls == "ScheduleZBVZeroBubble":  # an independent implementation of the same V
+            costs = Costs(F=1.0, I=1.3, W=0.6, comm=0.05)
+            ours = build_schedule("zb-v", pp=p, microbatches=m, costs=costs)
+            assert simulate(ours, costs).bubble_rate <= simulate(s, costs).bubble_rate + 1e-12
 
 
 def test_cli_prints_grid_bubble_closed_form_and_memory(tmp_path, capsys):

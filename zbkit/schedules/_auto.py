@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules._build_greedy import greedy
-from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs, simulate
+from zbkit.schedules.validate import validate
 
 _POLICIES = [(fill, hold) for fill in (0.0, 0.5, 1.0) for hold in (0.0, 0.5, 1.0)]
 
@@ -32,6 +33,10 @@ def _costs(costs: Costs | Sequence[Costs] | None, stages: int, name: str) -> lis
 def _best(candidates: list[Schedule], costs: list[Costs], limit: float) -> Schedule:
     scored = []
     for schedule in candidates:
+        try:
+            validate(schedule)
+        except ScheduleError:  # a hand-written pattern that does not fit these sizes
+            continue
         sim = simulate(schedule, costs, check=False)
         if max(sim.peak_memory) <= limit + 1e-9:
             # the longest rank span decides the step time; then less memory is better
@@ -52,7 +57,10 @@ def zb_v(
     if memory_limit is None:
         # 1F1B's rank 0 holds p microbatches of its whole model part = 2p half-size chunks
         memory_limit = 2 * pp * max(c.mem_activation for c in per_stage)
-    candidates = [
+    # the paper's hand-written V first (it wins ties), then the greedy policies, which do
+    # better when the costs are unequal or the memory limit differs
+    candidates = [Schedule(fixed.zb_v(pp, m), placement, m, name)]
+    candidates += [
         Schedule(greedy(placement, m, per_stage, memory_limit, fill, hold), placement, m, name)
         for fill, hold in _POLICIES
     ]

@@ -80,3 +80,54 @@ def interleaved_1f1b(p: int, m: int, v: int) -> dict[int, list[Action]]:
         prog += [action(k, "B", r) for k in range(total - warmup, total)]  # cool-down
         program[r] = prog
     return program
+
+
+def zb_v(p: int, m: int) -> dict[int, list[Action]]:
+    """The paper's ZB-V (also torch's ScheduleZBVZeroBubble): rank r holds stage r (chunk 0,
+    going down the V) and stage 2p-1-r (chunk 1, coming back up).
+
+    Built for max(m, 2p-1) microbatches, then the extra ones are dropped, so small m works.
+    """
+    n = max(m, 2 * p - 1)
+    program = {}
+    for r in range(p):
+        down, up = r, 2 * p - 1 - r
+        count = {(down, k): 0 for k in "FIW"} | {(up, k): 0 for k in "FIW"}
+        prog: list[Action] = []
+
+        def emit(stage: int, kind: str, prog=prog, count=count) -> None:
+            prog.append(Action(stage, kind, count[stage, kind]))
+            count[stage, kind] += 1
+
+        # warm-up: fill the V's first arm, interleave the second, then start its backwards
+        for _ in range(2 * (p - r) - 1):
+            emit(down, "F")
+        for _ in range(r):
+            emit(up, "F")
+            emit(down, "F")
+        for _ in range(p - r):
+            emit(up, "F")
+            emit(up, "I")
+            emit(up, "W")
+        # steady: F-I-W on each chunk in turn
+        while count[down, "F"] < n or count[up, "F"] < count[down, "F"]:
+            if count[down, "F"] < n:
+                emit(down, "F")
+            emit(down, "I")
+            emit(down, "W")
+            emit(up, "F")
+            emit(up, "I")
+            emit(up, "W")
+        # cool-down: input gradients first (they unblock other ranks), weights after
+        for _ in range(r):
+            emit(down, "I")
+            emit(up, "I")
+        for _ in range(p - r):
+            emit(down, "I")
+            emit(down, "W")
+        while count[up, "W"] < count[up, "I"]:
+            emit(up, "W")
+        while count[down, "W"] < count[down, "I"]:
+            emit(down, "W")
+        program[r] = [a for a in prog if a.microbatch < m]
+    return program
