@@ -107,3 +107,33 @@ def test_tensor_hook_that_changes_a_gradient_applies_once():
         return [k.tanh()]
 
     compare_split_to_autograd(m, fwd, [[x_(2, 3)], [x_(2, 3)]], output_grads=random_grads)
+
+
+class CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_pass_does_only_its_half_of_the_matmuls():
+    # 3 Linear layers: plain backward does 6 matmuls (input and weight side each);
+    # I must do the 3 input-side ones, W the 3 weight-side ones, nothing twice
+    torch.manual_seed(5)
+    mlp = MLP((4, 6, 6, 2)).double()
+    params = list(mlp.parameters())
+    x = x_(3, 4)
+    out = mlp(x)
+    g = torch.randn_like(out)
+    with CountMatmuls() as in_pass:
+        res = stage_backward_input([out], [g], [x], params)
+    with CountMatmuls() as weight_pass:
+        stage_backward_weight(params, res.param_groups)
+    out = mlp(x)
+    with CountMatmuls() as plain:
+        out.backward(g)
+    assert (in_pass.count, weight_pass.count, plain.count) == (3, 3, 6)
