@@ -12,9 +12,35 @@ ratios. One thread. Baselines, measured side by side in this process:
 plain `torch.autograd.backward`, and torch.distributed.pipelining's
 `stage_backward_input` + `stage_backward_weight`.
 
-What each idea bought: see NOTES at the bottom of this docstring.
+`--ablate` also times zbkit with the W pass forced through one engine call
+per parameter group (the way torch and the seed do it).
 
-NOTES
+What each idea bought (2-core machine shared with other jobs, load 3-6, so
++-10% noise; medians of 20-30 paired repetitions):
+
+- Batched W (zbkit/splitgrad/_weight.py). The big one. Every engine call first
+  walks the whole graph below its roots, so one call per group costs
+  O(groups x nodes): on (a) 144 groups x ~600 nodes. Calling each group's
+  intermediate node directly, inside one tiny engine call whose bookkeeping
+  marks only the parameter-side edges as needed (so each node computes only its
+  weight half), then delivering all weight gradients in one more engine call:
+  (a) 3.9-4.0x -> 1.4-1.8x plain (`ablation zbkit-engine-W` vs `zbkit`);
+  (b) no measurable change (1.07x vs 1.10x, inside the noise).
+- Weight nodes read off the graph's AccumulateGrad nodes instead of one
+  throwaway view per parameter (torch's `_get_grad_fn_or_grad_acc`): about
+  1.4 ms of CPU time per microbatch on (a) (290 parameters), ~10% of plain.
+- Freeing each captured gradient as soon as its node ran in W: memory, not time.
+- Caching the analysis per graph structure: measured, not built. The whole
+  analysis (reverse graph + groups) is ~2 ms of CPU time on (a), while a sound
+  structural signature needs a walk over every node (~0.8 ms), so a cache could
+  buy at most ~7% of I+W here; not worth the risk of a stale plan.
+- Batching groups into one engine call whose roots cannot reach each other's
+  params: not possible on these stages; in a residual stack every later
+  group's roots reach every earlier group's params through the input path.
+- What is left on (a): the analysis (~2 ms), 144 capture hooks in I and 144
+  direct node calls in W (~7 us each). On (b) both split implementations sit
+  around 1.03-1.10x: the LayerNorm backward runs twice (each half recomputes
+  the normalised input) and captured gradients stay alive between I and W.
 """
 
 from __future__ import annotations

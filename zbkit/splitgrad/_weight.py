@@ -14,6 +14,12 @@ Two ways, both exact:
   then one engine call delivers those gradients through the small
   parameter-side subgraphs into `.grad` (AccumulateGrad, hooks, layouts as usual).
   Two engine calls in all, whatever the number of groups.
+
+  This leans on one engine detail: a built-in node called from Python while a
+  backward runs computes only the outputs that backward's bookkeeping needs.
+  Were that to change, W would still be exact, only slower (each node would
+  also compute its input half); tests/splitgrad counts the matmuls to notice.
+  Node hooks on the intermediate itself do not run in W (they ran in I).
 """
 
 from __future__ import annotations
@@ -104,7 +110,8 @@ def _run_batched(groups: list[ParamGroup], retain_graph: bool) -> None:
         # runs inside the tiny engine call below: its bookkeeping lists exactly the
         # exit edges as needed, so each node skips its input half
         for i, (g, node) in enumerate(zip(groups, nodes, strict=True)):
-            results[i] = node(*g.grads[0])
+            captured, g.grads = g.grads[0], None  # free each captured gradient once used
+            results[i] = node(*captured)
 
     anchor = torch.zeros((), requires_grad=True)  # a one-node graph to hang `replay` on
     trigger = anchor.view_as(anchor)

@@ -115,7 +115,8 @@ def analyze(
     labels: dict[Node, str] = {}
     counts: dict[str, int] = {}
     input_label = {n: f"input[{i}]" for i, x in enumerate(inputs) if (n := grad_node(x))}
-    for node in reverse:
+    # number repeated op names roughly in forward order (the walk started at the outputs)
+    for node in reversed(list(reverse)):
         if node in param_name:
             labels[node] = param_name[node]
         elif node in input_label:
