@@ -164,7 +164,8 @@ def check_faults(cases: list[str], timeout: float) -> list[dict]:
             _fault_case(case, group, timeout)
             outcome = "ok"
         except Exception as exc:  # the test asserts on the type and the message
-            outcome = f"{type(exc).__name__}: {exc}"
+            notes = "\n".join(getattr(exc, "__notes__", []))
+            outcome = f"{type(exc).__name__}: {exc}\n{notes}"
         report.append({"case": case, "rank": dist.get_rank(), "outcome": outcome})
     return report
 

@@ -87,6 +87,8 @@ def test_faults_raise_clear_errors_and_never_hang() -> None:
         for rank, action in ranks.items():
             msg = got[case, rank]
             assert msg.startswith("CommTimeout") and f"which {action} needs" in msg, msg
+            # and shows the rank's program with that action marked
+            assert f"[{action}]" in msg and "<-- ERROR HERE" in msg, msg
 
 
 def test_a_failing_stage_reaches_the_caller_with_its_traceback() -> None:

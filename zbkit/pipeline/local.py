@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
-from zbkit.pipeline.stage import PipelineStage
+from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Trace
 from zbkit.schedules import Schedule, ScheduleError
 
@@ -101,13 +101,18 @@ class LocalPipeline:
             progressed = False
             for r in sorted(program):
                 while pos[r] < len(program[r]) and self._ready(state, program[r][pos[r]]):
-                    state.run(program[r][pos[r]])
+                    try:
+                        state.run(program[r][pos[r]])
+                    except StageError as exc:
+                        exc.add_note(self.schedule.to_grid([(r, pos[r])]))
+                        raise
                     pos[r] += 1
                     progressed = True
             if not progressed:
-                blocked = ", ".join(
-                    f"rank {r} at position {pos[r]} ({program[r][pos[r]]})"
-                    for r in sorted(program)
-                    if pos[r] < len(program[r])
+                stuck = [r for r in sorted(program) if pos[r] < len(program[r])]
+                blocked = ", ".join(f"rank {r} at {program[r][pos[r]]}" for r in stuck)
+                grid = self.schedule.to_grid([(r, pos[r]) for r in stuck])
+                raise ScheduleError(
+                    f"the schedule deadlocks: every rank waits for a tensor no one will "
+                    f"produce: {blocked}\n{grid}"
                 )
-                raise ScheduleError(f"the schedule deadlocks: every rank waits: {blocked}")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from zbkit.pipeline._comms import P2P, Comm, CommTimeout, derive_plan
 from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
-from zbkit.pipeline.stage import PipelineStage
+from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Schedule
 
@@ -134,6 +134,7 @@ class ScheduleRunner:
         self.p2p.new_step()
         self.p2p.expect([c for c in self.plan if isinstance(c, Comm)])
         reductions: list[tuple[Any, int, torch.Tensor, list[torch.Tensor]]] = []
+        done = 0  # compute actions finished: the position in this rank's program
         try:
             for i, item in enumerate(self.plan):
                 if isinstance(item, Comm):
@@ -142,15 +143,21 @@ class ScheduleRunner:
                     state.trace.comm.append(CommEvent(self.rank, str(item), start, clock()))
                     continue
                 state.run(item)
+                done += 1
                 if i in self._grads_final and self.dp_group is not None:
                     reductions.append(self._start_reduce(self._grads_final[i]))
             self.p2p.finish()  # nothing pending on the wire
             for work, stage, flat, grads in reductions:
                 self._finish_reduce(work, stage, flat, grads)
             losses = state.finish()
-        except BaseException:
+        except BaseException as exc:
             for st in self.stages.values():
                 st.reset()  # drop cached graphs: a failed step leaks nothing
+            if isinstance(exc, CommTimeout | StageError):
+                # a send follows the action that produced it; everything else is at `done`
+                sending = isinstance(item, Comm) and item.op == "send"
+                mark = (self.rank, done - 1 if sending else done)
+                exc.add_note(f"where rank {self.rank} was:\n{self.schedule.to_grid([mark])}")
             raise
         self.trace = state.trace
         return losses
