@@ -129,6 +129,18 @@ def _fault_case(case: str, group, timeout: float) -> None:
                 return {"x": self.lin(x), "skip": skip}
 
         mods[1] = Narrow()
+    if case == "shape changes" and rank == 1:
+
+        class Grows(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+
+            def forward(self, x, skip):
+                self.calls += 1  # the second microbatch comes out one column wider
+                return {"x": torch.cat([x] * (1 + (self.calls == 2)), 1), "skip": skip}
+
+        mods[1] = Grows()
     if case == "stage raises" and rank == 2:
 
         class Raises(nn.Module):

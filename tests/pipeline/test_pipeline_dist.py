@@ -66,8 +66,8 @@ def test_runner_matches_full_batch_autograd(backend: str) -> None:
 
 
 def test_faults_raise_clear_errors_and_never_hang() -> None:
-    cases = ["wrong world size", "missing target", "shape mismatch", "stage raises",
-             "non-dict output"]  # fmt: skip
+    cases = ["wrong world size", "missing target", "shape mismatch", "shape changes",
+             "stage raises", "non-dict output"]  # fmt: skip
     out = launch(pipeline_ranks.check_faults, cases, 2.0, nprocs=4, timeout=120)
     got = {(r["case"], r["rank"]): r["outcome"] for rank in out for r in rank}
 
@@ -78,6 +78,12 @@ def test_faults_raise_clear_errors_and_never_hang() -> None:
         assert got["missing target", rank].startswith("CommTimeout"), got["missing target", rank]
     assert "stage 1 microbatch 0: the module's forward raised" in got["shape mismatch", 1]
     assert "stage 2 microbatch 0: the module's forward raised" in got["stage raises", 2]
+    changed = got["shape changes", 1]  # the sender checks every message against the first
+    assert changed.startswith("ValueError") and "x: float32[2, 12]" in changed, changed
+    assert (
+        "this step's first message on that edge had {skip: float32[2, 6], x: float32[2, 6]}"
+        in changed
+    )
     assert "stage 3 microbatch 0: a stage module must return dict" in got["non-dict output", 3]
     # every waiting rank gives up after the timeout and names the action it waited for
     waiting = {"shape mismatch": {0: "0B0", 2: "2F0", 3: "3F0"},

@@ -153,7 +153,7 @@ class ScheduleRunner:
         except BaseException as exc:
             for st in self.stages.values():
                 st.reset()  # drop cached graphs: a failed step leaks nothing
-            if isinstance(exc, CommTimeout | StageError):
+            if isinstance(exc, CommTimeout | StageError | ValueError):
                 # a send follows the action that produced it; everything else is at `done`
                 sending = isinstance(item, Comm) and item.op == "send"
                 mark = (self.rank, done - 1 if sending else done)
