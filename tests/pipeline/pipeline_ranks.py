@@ -57,6 +57,7 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
         for h in hooks:
             h.remove()
         gc.collect()
+        whole = runner.gather_trace()
         sim = simulate(sch, Costs()).peak_memory[rank]
         report.append(
             {
@@ -74,6 +75,9 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
                 "outputs": len(seen),
                 "events": len(runner.trace.events),
                 "actions": len(sch.program[rank]),
+                "all_events": len(whole.events),
+                "all_actions": len(sch),
+                "all_peaks_match": whole.peak_memory == simulate(sch, Costs()).peak_memory,
             }
         )
     return report

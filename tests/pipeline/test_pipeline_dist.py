@@ -53,6 +53,7 @@ def test_runner_matches_full_batch_autograd(backend: str) -> None:
         # the trace: one event per action; memory held == simulator's peak; nothing left
         assert r["events"] == r["actions"], r
         assert r["peak"] == r["sim_peak"], r
+        assert r["all_events"] == r["all_actions"] and r["all_peaks_match"], r
         assert r["pending"] == 0 and r["held"] == 0, r
         assert r["outputs"] > 0 and r["alive"] == 0, r  # every activation's graph was freed
     # losses come back on the last stage's rank only (rank 0 for zb-v, else rank 3)

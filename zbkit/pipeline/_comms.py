@@ -83,6 +83,19 @@ def derive_plan(program: list[Any], stage_to_rank: list[int], rank: int) -> list
     return plan
 
 
+def next_receives(plan: list[Any]) -> dict[int, Comm]:
+    """Plan position of each receive -> the next receive on the same edge, if any."""
+    following: dict[int, Comm] = {}
+    last_on_edge: dict[tuple, int] = {}
+    for i, c in enumerate(plan):
+        if isinstance(c, Comm) and c.op == "recv":
+            edge = (c.what, c.stage, c.peer)
+            if edge in last_on_edge:
+                following[last_on_edge[edge]] = c
+            last_on_edge[edge] = i
+    return following
+
+
 class CommTimeout(TimeoutError):
     """A receive or a send did not complete in time; the message names the action."""
 

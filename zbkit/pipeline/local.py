@@ -18,7 +18,7 @@ from torch import nn
 from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Trace
-from zbkit.schedules import Schedule, ScheduleError
+from zbkit.schedules import Schedule, ScheduleError, validate
 
 
 class LocalPipeline:
@@ -36,6 +36,7 @@ class LocalPipeline:
                 f"the schedule has {schedule.num_stages} stages but {len(modules)} modules were "
                 "given; pass one module per stage, in stage order"
             )
+        validate(schedule)
         self.schedule = schedule
         self.loss_fn = loss_fn
         self.scale_grads = scale_grads

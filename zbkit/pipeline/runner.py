@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zbkit.pipeline._comms import P2P, Comm, CommTimeout, derive_plan
+from zbkit.pipeline._comms import P2P, Comm, CommTimeout, derive_plan, next_receives
 from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
-from zbkit.schedules import Schedule
+from zbkit.schedules import Schedule, validate
 
 
 class ScheduleRunner:
@@ -57,6 +57,7 @@ class ScheduleRunner:
                 "ScheduleRunner needs torch.distributed: run it under zbkit.launch, a Cluster "
                 "or torchrun (or use LocalPipeline for every stage in one process)"
             )
+        validate(schedule)  # a broken program would only show up as timeouts
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         if schedule.pp != world:
             raise ValueError(
@@ -90,15 +91,7 @@ class ScheduleRunner:
             if not isinstance(a, Comm) and a.kind in "WB"
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
-        # each receive -> the next receive on the same edge (posted ahead on gloo)
-        self._next_recv: dict[int, Comm] = {}
-        last_on_edge: dict[tuple, int] = {}
-        for i, c in enumerate(self.plan):
-            if isinstance(c, Comm) and c.op == "recv":
-                edge = (c.what, c.stage, c.peer)
-                if edge in last_on_edge:
-                    self._next_recv[last_on_edge[edge]] = c
-                last_on_edge[edge] = i
+        self._next_recv = next_receives(self.plan)  # posted ahead on gloo
         self.trace = Trace()
 
     def __repr__(self) -> str:
@@ -161,6 +154,12 @@ class ScheduleRunner:
             raise
         self.trace = state.trace
         return losses
+
+    def gather_trace(self) -> Trace:
+        """Every pipeline rank's trace of the last step, merged (collective: call on all)."""
+        traces: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(traces, self.trace, group=self.group)
+        return Trace.merge(traces)
 
     # ------------------------------------------------------------------ pieces
     def _move(self, comm: Comm, state: StepState, next_recv: Comm | None) -> None:

@@ -39,7 +39,7 @@ class _Activation:
 
 @dataclass(slots=True)
 class _PendingWeight:
-    roots: list[torch.Tensor]  # kept alive so the graph W walks is not freed under it
+    roots: list[torch.Tensor]  # deferred full backward: where it starts
     param_groups: list[Any] | None = None  # from stage_backward_input; None: a deferred full B
     root_grads: list[torch.Tensor] | None = None  # only for the deferred full backward
 
@@ -179,7 +179,8 @@ class PipelineStage:
             self._pending_weight[microbatch] = _PendingWeight(roots, None, grads)
             return {}
         result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
-        self._pending_weight[microbatch] = _PendingWeight(roots, list(result.param_groups))
+        # the groups hold the graph W walks; the outputs themselves can go
+        self._pending_weight[microbatch] = _PendingWeight([], list(result.param_groups))
         return {} if self.is_first else _named_grads(names, result.input_grads)
 
     def backward_weight(self, microbatch: int) -> None:
