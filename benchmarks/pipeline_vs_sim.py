@@ -146,10 +146,10 @@ class _Block(nn.Module):
 
 
 def _transformer_rank(names: tuple[str, ...], rounds: int, m: int) -> dict:
-    rank, d = dist.get_rank(), 64
+    rank, d = dist.get_rank(), 128
     torch.manual_seed(0)
     blocks = [_Block(d, last=False), _Block(d, last=True)]
-    x, y = torch.randn(4 * m, 32, d), torch.randn(4 * m, 32, d)
+    x, y = torch.randn(4 * m, 64, d), torch.randn(4 * m, 64, d)
     loss_fn = lambda out, t: nn.functional.mse_loss(out["x"], t)  # noqa: E731
     runners = {}
     for name in names:
@@ -189,7 +189,7 @@ def part2(rounds: int) -> None:
     names, m = ("gpipe", "1f1b", "zb-h1"), 4
     out = launch(_transformer_rank, names, rounds, m, nprocs=2, timeout=600)
     plain = statistics.median(out[0]["plain"])
-    print(f"\nPart 2: small transformer (2 x 2 encoder layers, d=64, seq 32, batch {4 * m}) "
+    print(f"\nPart 2: small transformer (2 x 2 encoder layers, d=128, seq 64, batch {4 * m}) "
           f"on 2 gloo ranks, m = {m}")  # fmt: skip
     print(f"plain full-batch step in one process: {plain * 1e3:.1f} ms")
     print(f"{'schedule':>10} {'ms/step':>8} {'vs plain':>9} {'sim ms':>7} {'meas/sim':>9}")
