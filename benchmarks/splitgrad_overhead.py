@@ -6,6 +6,8 @@
 (b) compute-bound: 6 residual blocks, d=256, input 16x64x256.
 Block: x + Linear(4d->d)(GELU(Linear(d->4d)(LayerNorm(x)))).
 
+    python benchmarks/splitgrad_overhead.py --cpu-time   # on a busy machine
+
 Each repetition runs a fresh forward, then one backward per variant, in a
 rotating order (paired runs); printed ratios are medians of per-repetition
 ratios. One thread. Baselines, measured side by side in this process:
@@ -57,6 +59,10 @@ from zbkit.models import ResidualMLPBlock
 from zbkit.splitgrad import _weight as split_weight
 from zbkit.splitgrad import stage_backward_input, stage_backward_weight
 
+# wall time by default; --cpu-time uses this process's CPU time, which other
+# jobs on a shared machine disturb much less (we run on one thread)
+CLOCK = time.perf_counter
+
 CONFIGS = {
     "a": dict(blocks=48, dim=64, shape=(4, 8, 64), label="overhead-bound, 48 blocks d=64"),
     "b": dict(blocks=6, dim=256, shape=(16, 64, 256), label="compute-bound, 6 blocks d=256"),
@@ -65,26 +71,26 @@ CONFIGS = {
 
 def _plain(model, x, g):
     out = model(x)
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     torch.autograd.backward([out], [g])
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def _ours(model, x, g):
     out = model(x)
     params = [p for p in model.parameters() if p.requires_grad]
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     res = stage_backward_input([out], [g], [x], params)
     stage_backward_weight(params, res.param_groups)
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def _torch(model, x, g):
     out = model(x)
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     _, groups = torch_split.stage_backward_input([out], [g], [x], model.parameters())
     torch_split.stage_backward_weight(model.parameters(), groups)
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def _ours_engine_only(model, x, g):
@@ -127,10 +133,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--only", choices=sorted(CONFIGS))
     parser.add_argument(
+        "--cpu-time", action="store_true", help="time with process CPU time instead of wall time"
+    )
+    parser.add_argument(
         "--ablate", action="store_true", help="also time W with one engine call per group"
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
+    print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}, {args.reps} reps")
     for key, cfg in CONFIGS.items():
         if args.only and key != args.only:
             continue
