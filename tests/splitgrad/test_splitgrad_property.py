@@ -4,10 +4,10 @@ import torch
 from _splitgrad_oracle import compare_split_to_autograd, random_grads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_splitgrad_defects import Params
+from test_splitgrad_defects import Params, TwoOut
 
 D = 4  # feature size of every value in the program
-OPS = ["matmul", "scale", "add", "tanh", "swap_halves", "mul", "addcmul"]
+OPS = ["matmul", "scale", "add", "tanh", "swap_halves", "mul", "addcmul", "two_out"]
 
 op = st.tuples(st.sampled_from(OPS), st.integers(0, 50), st.integers(0, 50))
 program = st.lists(op, min_size=1, max_size=9)
@@ -30,6 +30,8 @@ def run(program, m, xs, outputs):
         elif name == "swap_halves":  # chunk then cat: a node with two outputs
             lo, hi = a.chunk(2, dim=1)
             vals.append(torch.cat([hi, lo * mats[i % 3][0, 0]], dim=1))
+        elif name == "two_out":  # a custom Function with two outputs that skips halves
+            vals.extend(TwoOut.apply(a, mats[j % 3]))
         elif name == "addcmul":  # one node, the same parameter on two of its edges
             vals.append(torch.addcmul(a, m.v, m.v))
         else:
