@@ -15,7 +15,11 @@ asks ``needs_direction``::
         return gx, gw
 
 INPUT is the half for arguments that depend on the stage inputs (activations),
-WEIGHT the half for parameters. Outside any split pass both are wanted.
+WEIGHT the half for parameters. Outside any split pass both are wanted. The
+input pass asks for INPUT only; the weight pass for WEIGHT only, except for a
+parameter group where a custom Function takes an argument computed from
+parameters alone (an embedding's output on a first stage, `w * 2`): there W asks
+for both, so the Function stays exact whichever half it files that argument in.
 
 The state is a context variable, so threads and async tasks do not see each
 other's passes. Backward functions that autograd runs on an accelerator's

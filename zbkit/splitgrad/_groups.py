@@ -28,12 +28,13 @@ from zbkit.splitgrad._graph import ordered_closure
 
 @dataclass(eq=False)
 class ParamGroup:
-    """Parameters whose weight gradients are computed by one backward call in W."""
+    """Parameters whose weight gradients W computes together, from the same entry points."""
 
     params: set[Node]  # AccumulateGrad nodes of the parameters in this group
     intermediates: list[Node] | None  # C nodes where the params' gradient paths leave C
-    grads: list[tuple[torch.Tensor | None, ...] | None] | None = None  # per intermediate:
-    # the gradients it received in I, one per output edge (None where undefined)
+    # per intermediate: the gradients it received in I, one per output edge
+    # (None where undefined); not in the repr, tensors would flood a notebook
+    grads: list[tuple[torch.Tensor | None, ...] | None] | None = field(default=None, repr=False)
     roots: list[Node] = field(default_factory=list)  # output nodes outside C feeding params
     param_order: list[Node] = field(default_factory=list, repr=False)  # params, as given
     # True when a custom Function in this group's W may need its "input" half too
