@@ -10,7 +10,7 @@ from zbkit.launch import _channel as ch
 from zbkit.launch._collect import collect, describe
 from zbkit.launch._procs import LaunchError, RankGroup
 
-FAILURE_GRACE_S = 1.0  # after one rank fails, how long the others may still report
+FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others may still report
 
 
 def check_timeout(timeout: Any) -> None:
