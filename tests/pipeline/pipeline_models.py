@@ -1,9 +1,9 @@
 """Stage modules and the plain-autograd oracle shared by the pipeline tests.
 
-Every stage takes ``x`` (and ``skip`` after stage 0) and returns a dict, so each message
-between stages carries two tensors. Stage 1 is deliberately awkward for split backward: a
-weight used twice along one path, a custom autograd Function with two outputs, and a
-parameter the outputs never depend on.
+Every stage takes ``x`` (and ``skip`` and integer ``ids`` after stage 0) and returns a dict,
+so each message between stages carries three tensors, one of them not differentiable.
+Stage 1 is deliberately awkward for split backward: a weight used twice along one path, a
+custom autograd Function with two outputs, and a parameter the outputs never depend on.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class First(nn.Module):
 
     def forward(self, x):
         h = torch.tanh(self.lin(x))  # (b, WIDTH)
-        return {"x": h, "skip": 0.5 * h}
+        ids = (x > 0).sum(1)  # (b,) int64: data that travels along without a gradient
+        return {"x": h, "skip": 0.5 * h, "ids": ids}
 
 
 class Plain(nn.Module):
@@ -50,8 +51,8 @@ class Plain(nn.Module):
         super().__init__()
         self.lin = nn.Linear(WIDTH, WIDTH)
 
-    def forward(self, x, skip):
-        return {"x": torch.tanh(self.lin(x)) + skip, "skip": skip}
+    def forward(self, x, skip, ids):
+        return {"x": torch.tanh(self.lin(x)) + skip, "skip": skip, "ids": ids}
 
 
 class Awkward(nn.Module):
@@ -62,10 +63,10 @@ class Awkward(nn.Module):
         self.scale = nn.Parameter(torch.linspace(0.5, 1.5, WIDTH))
         self.unused = nn.Parameter(torch.ones(3))  # never reaches the outputs
 
-    def forward(self, x, skip):
+    def forward(self, x, skip, ids):
         h = self.lin(torch.tanh(self.lin(x)))  # the same weight twice along one path
         a, b = TwoOut.apply(h, self.scale)
-        return {"x": a + self.lin2(b), "skip": skip * b}
+        return {"x": a + self.lin2(b), "skip": skip * b, "ids": ids}
 
 
 class Last(nn.Module):
@@ -73,8 +74,9 @@ class Last(nn.Module):
         super().__init__()
         self.head = nn.Linear(WIDTH, 2)
 
-    def forward(self, x, skip):
-        return {"y": self.head(x + skip)}
+    def forward(self, x, skip, ids):
+        scale = (1 + ids % 3).unsqueeze(1)  # (b, 1): the integer input changes the output
+        return {"y": self.head(x + skip) * scale}
 
 
 def make_stages(num_stages: int, seed: int = 0) -> list[nn.Module]:

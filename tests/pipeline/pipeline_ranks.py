@@ -129,8 +129,8 @@ def _fault_case(case: str, group, timeout: float) -> None:
                 super().__init__()
                 self.lin = nn.Linear(3, 3)
 
-            def forward(self, x, skip):
-                return {"x": self.lin(x), "skip": skip}
+            def forward(self, x, skip, ids):
+                return {"x": self.lin(x), "skip": skip, "ids": ids}
 
         mods[1] = Narrow()
     if case == "shape changes" and rank == 1:
@@ -140,18 +140,18 @@ def _fault_case(case: str, group, timeout: float) -> None:
                 super().__init__()
                 self.calls = 0
 
-            def forward(self, x, skip):
+            def forward(self, x, skip, ids):
                 self.calls += 1  # the second microbatch comes out one column wider
-                return {"x": torch.cat([x] * (1 + (self.calls == 2)), 1), "skip": skip}
+                return {"x": torch.cat([x] * (1 + (self.calls == 2)), 1), "skip": skip, "ids": ids}
 
         mods[1] = Grows()
     if case == "stage raises" and rank == 2:
 
         class Raises(nn.Module):
-            def forward(self, x, skip):
+            def forward(self, x, skip, ids):
                 if x.shape[0] and torch.is_grad_enabled():
                     raise RuntimeError("deliberate failure in stage 2")
-                return {"x": x, "skip": skip}
+                return {"x": x, "skip": skip, "ids": ids}
 
         mods[2] = Raises()
     if case == "non-dict output" and rank == 3:
@@ -161,7 +161,7 @@ def _fault_case(case: str, group, timeout: float) -> None:
                 super().__init__()
                 self.head = nn.Linear(6, 2)
 
-            def forward(self, x, skip):
+            def forward(self, x, skip, ids):
                 return (self.head(x),)
 
         mods[3] = Tuple()
@@ -207,11 +207,11 @@ def fail_in_stage() -> None:
             super().__init__()
             self.calls = 0
 
-        def forward(self, x, skip):
+        def forward(self, x, skip, ids):
             self.calls += 1
             if self.calls == 2:
                 raise RuntimeError("deliberate failure on the second microbatch")
-            return {"x": x, "skip": skip}
+            return {"x": x, "skip": skip, "ids": ids}
 
     if rank == 2:
         mods[2] = FailsLater()

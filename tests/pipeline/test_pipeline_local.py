@@ -103,7 +103,7 @@ def test_stage_errors_name_the_stage_and_leave_no_state() -> None:
             super().__init__()
             self.lin = nn.Linear(WIDTH, 2)
 
-        def forward(self, x, skip):
+        def forward(self, x, skip, ids):
             return self.lin(x)
 
     mods = make_stages(2)
@@ -113,7 +113,7 @@ def test_stage_errors_name_the_stage_and_leave_no_state() -> None:
     assert all(st.held_activations == 0 for st in pipe.stages)
 
     class Raises(nn.Module):
-        def forward(self, x, skip):
+        def forward(self, x, skip, ids):
             raise RuntimeError("boom")
 
     pipe = LocalPipeline([mods[0], Raises()], sch, loss_fn)
@@ -141,15 +141,16 @@ def test_stage_split_backward_by_hand() -> None:
     mid = mods[1]
     x = torch.randn(4, WIDTH, requires_grad=True)
     skip = torch.randn(4, WIDTH, requires_grad=True)
+    ids = torch.tensor([0, 1, 2, 3])
     grads = {"x": torch.randn(4, WIDTH), "skip": torch.randn(4, WIDTH)}
     stage = PipelineStage(mid, 1, 3)
-    stage.forward(0, {"x": x, "skip": skip})
+    stage.forward(0, {"x": x, "skip": skip, "ids": ids})
     input_grads = stage.backward_input(0, grads)
     assert all(p.grad is None for p in mid.parameters()), "I must not touch .grad"
     stage.backward_weight(0)
     ref = make_stages(3)[1]
     xr, sr = x.detach().requires_grad_(), skip.detach().requires_grad_()
-    out = ref(x=xr, skip=sr)
+    out = ref(x=xr, skip=sr, ids=ids)
     torch.autograd.backward([out["x"], out["skip"]], [grads["x"], grads["skip"]])
     assert torch.allclose(input_grads["x"], xr.grad) and torch.allclose(
         input_grads["skip"], sr.grad
