@@ -117,5 +117,13 @@ def test_magics_and_launch_in_a_kernel():
         reply, msgs = k.run("launch(total, 1, nprocs=2)")
         assert results(msgs)[0]["text/plain"] == "[3.0, 3.0]"
         assert psutil.Process(pid).children(recursive=True) == []
+
+        # A kernel that dies (kill -9) takes its cluster's ranks with it.
+        reply, msgs = k.run("%zb_start -n 2")
+        ranks = workers(pid)
+        assert reply["status"] == "ok" and len(ranks) == 2
+        psutil.Process(pid).kill()
+        gone, alive = psutil.wait_procs(ranks, timeout=20)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     finally:
         k.close()

@@ -160,8 +160,9 @@ class RankGroup:
         )
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: ranks share the cores
         loopback = _loopback_interface()
-        if loopback:
-            env.setdefault("GLOO_SOCKET_IFNAME", loopback)  # gloo listens on loopback only
+        if loopback:  # all ranks are on this machine: keep their sockets off the network
+            env.setdefault("GLOO_SOCKET_IFNAME", loopback)  # else: the hostname's address
+            env.setdefault("NCCL_SOCKET_IFNAME", loopback)  # NCCL's bootstrap sockets
         if rank == 0:
             env["ZBKIT_STORE_FD"] = str(sock.fileno())
         proc = subprocess.Popen(

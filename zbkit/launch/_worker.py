@@ -105,6 +105,7 @@ def _init_distributed(backend: str) -> tuple[Any, Any]:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # rank k owns GPU k
     store_fd = os.environ.pop("ZBKIT_STORE_FD", None)
     if store_fd is not None:  # rank 0: serve the store on the socket the caller bound
+        os.set_inheritable(int(store_fd), False)  # user subprocesses must not hold the port
         store = dist.TCPStore(
             "127.0.0.1",
             port,
@@ -162,8 +163,9 @@ def main() -> None:
         ch.send(conn, ch.READY)
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    namespace = {"__name__": "__zb__", "rank": rank, "world_size": world, "torch": torch}
-    namespace["dist"] = dist
+    # What a %%zb cell sees without importing anything.
+    namespace = {"__name__": "__zb__", "rank": rank, "world_size": world}
+    namespace.update(torch=torch, dist=dist)
     while True:
         kind, task_id, payload = tasks.get()
         if kind == ch.EXIT:
