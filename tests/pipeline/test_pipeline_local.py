@@ -173,3 +173,13 @@ def test_chrome_trace_export(tmp_path) -> None:
         str(a) for actions in sch.program.values() for a in actions
     )
     assert all(e["dur"] >= 0 for e in spans)
+
+
+def test_scale_grads_false_sums_the_microbatch_losses() -> None:
+    sch = schedule("zb-h2", 2, 4)
+    mods = make_stages(2)
+    x, y = batch(8)
+    _, expected = oracle(mods, x, y)  # gradients of the mean over microbatches
+    LocalPipeline(mods, sch, loss_fn, scale_grads=False).step(x, y)
+    summed = [{n: None if g is None else 4 * g for n, g in d.items()} for d in expected]
+    assert_grads_match(mods, summed, "scale_grads=False", atol=4e-6)

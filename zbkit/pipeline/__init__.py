@@ -6,6 +6,21 @@
 - ``LocalPipeline``: every stage in one process, the same code path without the wire.
 - ``Trace``: what ran when, in ``Simulation.events`` form; Chrome-trace export.
 - ``SyntheticStage``: a stage whose F, I and W take set times, for seeing bubbles.
+
+In one process (the oracle twin of a real run)::
+
+    schedule = build_schedule("zb-h1", pp=4, microbatches=8)
+    pipe = LocalPipeline([m0, m1, m2, m3], schedule, loss_fn)   # m(**inputs) -> dict
+    losses = pipe.step(x, targets=y)      # .grad now as after loss_fn on the full batch
+    viz.plot_schedule(pipe.trace)
+
+On 4 ranks (``launch(fn, nprocs=4)``, a ``Cluster`` or ``torchrun``), inside ``fn``::
+
+    rank = dist.get_rank()
+    stages = [PipelineStage(mods[s], s, schedule.num_stages) for s in schedule.stages_on(rank)]
+    runner = ScheduleRunner(schedule, stages, loss_fn)
+    losses = runner.step(x, targets=y)    # losses on the last stage's rank, None elsewhere
+    trace = runner.gather_trace()         # every rank's events, one clock
 """
 
 from zbkit.pipeline._comms import CommTimeout
