@@ -37,6 +37,25 @@ def _remember(seen: list) -> object:
     return hook
 
 
+def _causality_violations(trace, last: int) -> list[str]:
+    """Consumers that start before their producer ended: impossible on a shared clock."""
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in trace.events}
+    bad = []
+    for e in trace.events:
+        if e.kind == "F" and e.stage > 0:
+            src = by_key[e.stage - 1, "F", e.microbatch]
+        elif e.kind in "IB" and e.stage < last:
+            src = (
+                by_key.get((e.stage + 1, "I", e.microbatch))
+                or by_key[e.stage + 1, "B", e.microbatch]
+            )
+        else:
+            continue
+        if e.start < src.end:
+            bad.append(f"{e.stage}{e.kind}{e.microbatch} starts before its input is made")
+    return bad
+
+
 def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list[dict]:
     """Every (schedule, microbatches) case: this rank's gradients vs full-batch autograd."""
     rank, dev = dist.get_rank(), _device(backend)
@@ -78,6 +97,8 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
                 "all_events": len(whole.events),
                 "all_actions": len(sch),
                 "all_peaks_match": whole.peak_memory == simulate(sch, Costs()).peak_memory,
+                "causality": _causality_violations(whole, sch.num_stages - 1),
+                "starts_at_zero": min(e.start for e in whole.events) == 0.0,
             }
         )
     return report

@@ -54,6 +54,8 @@ def test_runner_matches_full_batch_autograd(backend: str) -> None:
         assert r["events"] == r["actions"], r
         assert r["peak"] == r["sim_peak"], r
         assert r["all_events"] == r["all_actions"] and r["all_peaks_match"], r
+        # one clock for all ranks: nothing starts before the tensors it needs were made
+        assert r["causality"] == [] and r["starts_at_zero"], r
         assert r["pending"] == 0 and r["held"] == 0, r
         assert r["outputs"] > 0 and r["alive"] == 0, r  # every activation's graph was freed
     # losses come back on the last stage's rank only (rank 0 for zb-v, else rank 3)

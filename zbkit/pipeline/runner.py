@@ -14,6 +14,7 @@ while the rest of the pipeline keeps running, and waited for at the end of the s
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from zbkit.pipeline._comms import P2P, Comm, CommTimeout, derive_plan, next_receives
-from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
+from zbkit.pipeline._execute import LossFn, StepState, split_microbatches
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Schedule, validate
@@ -112,8 +113,10 @@ class ScheduleRunner:
             )
         inputs = split_microbatches(inputs, m, "inputs") if 0 in self.stages else None
         targets = split_microbatches(targets, m, "targets") if last in self.stages else None
-        self._barrier()  # every rank starts the step's clock together
-        clock = timer()
+        self._barrier()  # every rank starts the step together
+        # Wall-clock seconds: one clock for every process on a host (and NTP-close across
+        # hosts), so the ranks' traces line up; Trace.merge shifts the whole run to start at 0.
+        clock = time.time
         state = StepState(
             self.stages,
             list(self.schedule.stage_to_rank),

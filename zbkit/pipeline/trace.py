@@ -1,8 +1,9 @@
 """What a real pipeline step did: action timings, communication waits, memory held.
 
 ``Trace.events`` has the same form as ``Simulation.events`` ``(rank, stage, kind, microbatch,
-start, end)``, so one drawing can show a measured run beside its simulation. Times are seconds
-on a clock shared by the ranks of a step (each rank starts it right after a barrier).
+start, end)``, so one drawing can show a measured run beside its simulation. Times are seconds:
+from the step's start in ``LocalPipeline``; wall-clock on a ``ScheduleRunner`` rank (one clock
+for all processes of a host), and from 0 again once ``Trace.merge`` joins the ranks.
 
 The memory record counts, after every action, how many microbatches each stage really holds:
 between F and I/B (activations) and between I and W (weight-gradient state). That is the
@@ -57,14 +58,24 @@ class Trace:
 
     @classmethod
     def merge(cls, traces: Iterable[Trace | None]) -> Trace:
-        """One trace from the per-rank traces (``launch`` returns them in rank order)."""
+        """One trace from the per-rank traces (``launch`` returns them in rank order).
+
+        A rank's own trace keeps wall-clock times (so traces of different ranks line up);
+        the merged one is shifted so that the run starts at 0.
+        """
         out = cls()
         for t in traces:
             if t is not None:
                 out.events += t.events
                 out.comm += t.comm
                 out.memory_samples += t.memory_samples
-        out.events.sort(key=lambda e: (e.rank, e.start))
+        t0 = min((e.start for e in out.events), default=0.0)
+        out.events = sorted(
+            (e._replace(start=e.start - t0, end=e.end - t0) for e in out.events),
+            key=lambda e: (e.rank, e.start),
+        )
+        out.comm = [c._replace(start=c.start - t0, end=c.end - t0) for c in out.comm]
+        out.memory_samples = [s._replace(time=s.time - t0) for s in out.memory_samples]
         return out
 
     @property
