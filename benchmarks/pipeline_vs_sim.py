@@ -89,7 +89,7 @@ def _overheads(trace: Trace, costs: Costs) -> tuple[float, float]:
         free = max((x.end for x in events if x.rank == e.rank and x.end <= e.start), default=0.0)
         if src.end >= free:  # the consumer was waiting for these tensors
             hops.append(e.start - src.end)
-    return statistics.median(over), statistics.median(hops) if hops else 0.0
+    return statistics.median(over), max(0.0, statistics.median(hops)) if hops else 0.0
 
 
 def part1(rounds: int, backend: str) -> None:
