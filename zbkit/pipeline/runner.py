@@ -102,7 +102,13 @@ class ScheduleRunner:
         )
 
     def step(self, inputs: Any = None, targets: Any = None) -> list[torch.Tensor] | None:
-        """One training step; the per-microbatch losses on the last stage's rank, else None."""
+        """One training step; the per-microbatch losses on the last stage's rank, else None.
+
+        ``inputs`` (a tensor or a dict of tensors) matter on stage 0's rank and ``targets``
+        on the last stage's; both are split on dim 0 into ``schedule.microbatches`` parts.
+        If a step fails, the stages are cleared, but messages of the broken step may still
+        be on the wire: build a new runner on a fresh group before training on.
+        """
         m, last = self.schedule.microbatches, self.schedule.num_stages - 1
         if 0 in self.stages and inputs is None:
             raise ValueError(f"rank {self.rank} holds stage 0: pass step(inputs, ...) here")
