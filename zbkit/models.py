@@ -98,3 +98,83 @@ class TiedLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: (b, t) -> logits (b, t, vocab)
         return self.block(self.embed(ids)) @ self.embed.weight.T
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids (b, t) -> vectors (b, t, dim): a token embedding plus a learned position one."""
+
+    def __init__(self, vocab: int, dim: int, tokens: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(tokens, dim)  # one vector per token slot
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        if t > self.pos.num_embeddings:
+            raise ValueError(f"{t} tokens, but the model has {self.pos.num_embeddings} positions")
+        return self.tok(ids) + self.pos(torch.arange(t, device=ids.device))
+
+
+class TinyTransformer(nn.Module):
+    """A small language model: embedding, `layers` TransformerBlocks, norm, vocabulary head.
+
+    `split_stages(model, n)` cuts it into `n` pipeline stages that share its parameters.
+    """
+
+    def __init__(
+        self, vocab: int = 64, dim: int = 32, heads: int = 4, layers: int = 8, tokens: int = 16
+    ) -> None:
+        super().__init__()
+        self.embed = TokenEmbedding(vocab, dim, tokens)
+        self.blocks = nn.ModuleList(TransformerBlock(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (b, t) -> logits (b, t, vocab)
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+class TransformerStage(nn.Module):
+    """Blocks `first..last-1` of a TinyTransformer as one pipeline stage (`module(**inputs)`).
+
+    Stage 0 also embeds the token ids; the last stage also applies the norm and the head.
+    Returns `{"x": hidden}` (b, t, dim), or `{"logits": ...}` (b, t, vocab) on the last stage.
+    The submodules are the model's own (not copies): gradients land in `model`'s parameters.
+    """
+
+    def __init__(self, model: TinyTransformer, first: int, last: int, *, is_last: bool) -> None:
+        super().__init__()
+        self.embed = model.embed if first == 0 else None
+        self.blocks = nn.ModuleList(model.blocks[first:last])
+        self.norm = model.norm if is_last else None
+        self.head = model.head if is_last else None
+        self.span = (first, last)  # which of the model's blocks this stage runs
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.embed is not None:  # x: token ids (b, t)
+            x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)  # (b, t, dim)
+        if self.head is not None:
+            return {"logits": self.head(self.norm(x))}
+        return {"x": x}
+
+
+def split_stages(model: TinyTransformer, num_stages: int) -> list[TransformerStage]:
+    """Cut `model` into `num_stages` consecutive stages, blocks spread as evenly as possible
+    (earlier stages take the extra blocks). Composing the stages is `model` itself."""
+    layers = len(model.blocks)
+    if not 1 <= num_stages <= layers:
+        raise ValueError(
+            f"cannot split {layers} blocks into {num_stages} stages: every stage needs at least "
+            f"one block; build the model with layers >= {num_stages}"
+        )
+    bounds = [s * layers // num_stages for s in range(num_stages + 1)]
+    bounds = [layers - b for b in reversed(bounds)]  # extra blocks go to the early stages
+    return [
+        TransformerStage(model, bounds[s], bounds[s + 1], is_last=s == num_stages - 1)
+        for s in range(num_stages)
+    ]
