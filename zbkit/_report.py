@@ -269,6 +269,10 @@ def write_report(
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{html.escape(intro)}</p>",
         _table(HEADER, [r.row() for r in results]),
+        "<p class=note>Bubble rate, run and sim alike: (longest rank span - busiest rank's "
+        "busy time) / longest rank span, the simulator's formula. The plot titles use the mean "
+        "busy time over ranks instead (Trace.bubble_rate). Peak activations: microbatches held "
+        "between F and I (or B), per rank. Step: the slowest rank's, median over rounds.</p>",
         "<h2>A stage's backward, split</h2>",
         "<p>I (the input gradient, which the previous stage waits for) runs the ops in the "
         "input closure; each parameter group's W starts at its marked split point and can "
