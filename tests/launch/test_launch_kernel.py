@@ -25,6 +25,19 @@ class Kernel:
         reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
         return reply["content"], msgs
 
+    def interrupt_once_sleeping(self, code):
+        """Run a cell whose ranks print 'sleeping' then sleep; press stop; return the reply."""
+        msg_id = self.kc.execute(code)
+        seen = ""
+        deadline = time.monotonic() + 60
+        while seen.count("sleeping") < 2 and time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen += msg["content"]["text"]
+        assert "[rank 0] sleeping" in seen and "[rank 1] sleeping" in seen
+        self.km.interrupt_kernel()
+        return self.kc.get_shell_msg(timeout=60)["content"]
+
     def close(self):
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
@@ -102,22 +115,8 @@ def test_magics_and_launch_in_a_kernel():
         assert results(msgs)[0]["text/plain"] == "[6.0, 6.0]"
 
         # The stop button during a launch: ranks stopped, KeyboardInterrupt in the cell.
-        msg_id = k.kc.execute(
-            "import time\n"
-            "def sleepy():\n"
-            "    print('sleeping', flush=True)\n"
-            "    time.sleep(600)\n"
-            "launch(sleepy, nprocs=2)"
-        )
-        seen = ""
-        deadline = time.monotonic() + 60
-        while seen.count("sleeping") < 2 and time.monotonic() < deadline:
-            msg = k.kc.get_iopub_msg(timeout=60)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                seen += msg["content"]["text"]
-        assert "[rank 0] sleeping" in seen and "[rank 1] sleeping" in seen
-        k.km.interrupt_kernel()
-        reply = k.kc.get_shell_msg(timeout=60)["content"]
+        sleepy = "def sleepy():\n    print('sleeping', flush=True)\n    time.sleep(600)\n"
+        reply = k.interrupt_once_sleeping("import time\n" + sleepy + "launch(sleepy, nprocs=2)")
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         assert workers(pid) == []
 
@@ -125,6 +124,14 @@ def test_magics_and_launch_in_a_kernel():
         reply, msgs = k.run("launch(total, 1, nprocs=2)")
         assert results(msgs)[0]["text/plain"] == "[3.0, 3.0]"
         assert psutil.Process(pid).children(recursive=True) == []
+
+        # The stop button during a %%zb cell: the cluster is stopped and says so.
+        reply, msgs = k.run("%zb_start -n 2")
+        reply = k.interrupt_once_sleeping("%%zb\nimport time\n" + sleepy + "sleepy()")
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert workers(pid) == []
+        reply, msgs = k.run("%zb_status")
+        assert "stopped (interrupted)" in text(msgs)
 
         # A kernel that dies (kill -9) takes its cluster's ranks with it.
         reply, msgs = k.run("%zb_start -n 2")
