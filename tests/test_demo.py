@@ -75,8 +75,10 @@ def test_stages_compose_to_the_model_and_share_its_parameters():
     for s in stages[1:]:
         h = s(**h)
     torch.testing.assert_close(h["logits"], model(ids), rtol=0, atol=0)
-    shared = {id(p) for s in stages for p in s.parameters()}
-    assert shared == {id(p) for p in model.parameters()}  # every parameter, no copies
+    named = dict(model.named_parameters())
+    for s in stages:  # the model's own parameters under the model's names: no copies
+        assert all(p is named[n] for n, p in s.named_parameters())
+    assert sum(len(list(s.parameters())) for s in stages) == len(named)
     with pytest.raises(ValueError, match="layers >= 6"):
         split_stages(model, 6)
 

@@ -166,11 +166,10 @@ def run_schedule(cfg: Config, name: str) -> dict:
         trace = runner.gather_trace()  # collective: every rank's events, one clock
         if r and rank == 0:
             traces.append(trace)
-    held = {id(p) for st in stages for p in st.module.parameters()}
-    grads = {
+    grads = {  # a stage's parameter names are the whole model's (see TransformerStage)
         n: None if p.grad is None else p.grad.cpu()
-        for n, p in model.named_parameters()
-        if id(p) in held
+        for st in stages
+        for n, p in st.module.named_parameters()
     }
     return {"times": times[1:], "grads": grads, "traces": traces}
 
@@ -230,7 +229,7 @@ def pipeline_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"zbkit demo: {exc}", file=sys.stderr)
         return 2
-    print(f"Part 2: a {cfg.layers}-block transformer (dim {cfg.dim}) on {args.ranks} "
+    print(f"Part 2: a transformer of {cfg.layers} blocks (dim {cfg.dim}) on {args.ranks} "
           f"{args.backend} ranks, {cfg.microbatches} microbatches of {args.batch} x "
           f"{cfg.tokens} tokens, {cfg.rounds} measured steps per schedule")  # fmt: skip
     progress = _report.Progress(len(schedules) + 2)
@@ -268,7 +267,7 @@ def pipeline_demo(args: argparse.Namespace) -> int:
     path = _report.write_report(
         Path(args.out),
         title="zbkit demo: pipeline schedules run for real and simulated",
-        intro=f"{cfg.layers}-block transformer on {args.ranks} {args.backend} ranks, "
+        intro=f"A transformer of {cfg.layers} blocks on {args.ranks} {args.backend} ranks, "
         f"{cfg.microbatches} microbatches. " + " ".join(notes),
         results=results,
         analysis_text=str(analysis),

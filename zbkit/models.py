@@ -142,13 +142,15 @@ class TransformerStage(nn.Module):
 
     Stage 0 also embeds the token ids; the last stage also applies the norm and the head.
     Returns `{"x": hidden}` (b, t, dim), or `{"logits": ...}` (b, t, vocab) on the last stage.
-    The submodules are the model's own (not copies): gradients land in `model`'s parameters.
+    The submodules are the model's own (not copies): gradients land in `model`'s parameters,
+    and the stage's parameter names are the model's (`blocks.3.mlp.0.weight`).
     """
 
     def __init__(self, model: TinyTransformer, first: int, last: int, *, is_last: bool) -> None:
         super().__init__()
         self.embed = model.embed if first == 0 else None
-        self.blocks = nn.ModuleList(model.blocks[first:last])
+        # keyed by the model's block index, so names match the model's (blocks.5.attn.qkv...)
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(first, last)})
         self.norm = model.norm if is_last else None
         self.head = model.head if is_last else None
         self.span = (first, last)  # which of the model's blocks this stage runs
@@ -156,7 +158,7 @@ class TransformerStage(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.embed is not None:  # x: token ids (b, t)
             x = self.embed(x)
-        for block in self.blocks:
+        for block in self.blocks.values():
             x = block(x)  # (b, t, dim)
         if self.head is not None:
             return {"logits": self.head(self.norm(x))}
