@@ -21,9 +21,10 @@ class ZbFigure(Figure):
     so drawing in a loop leaks nothing and `plt.show()` is never needed.
     """
 
-    def to_png(self, dpi: float = 100) -> bytes:
+    def to_png(self, dpi: float = 100, compress_level: int = 6) -> bytes:
+        """PNG bytes; widgets that redraw often pass compress_level=1 (faster, a bit larger)."""
         buf = io.BytesIO()
-        self.savefig(buf, format="png", dpi=dpi)
+        self.savefig(buf, format="png", dpi=dpi, pil_kwargs={"compress_level": compress_level})
         return buf.getvalue()
 
     def to_svg(self) -> str:

@@ -62,7 +62,7 @@ class RunViewer(w.VBox):
                 ranks=ranks,
                 unit=self.unit,
             )
-            self.image.value = self.figure.to_png(dpi=80)
+            self.image.value = self.figure.to_png(dpi=80, compress_level=1)
             self.numbers.value = self._numbers(ranks)
 
     def _numbers(self, ranks: list[int] | None) -> str:

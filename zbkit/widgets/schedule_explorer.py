@@ -69,6 +69,7 @@ class ScheduleExplorer(w.VBox):
         self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.numbers = w.HTML()
         self.out = w.Output()  # errors land here instead of vanishing
+        self._built: dict[tuple, Any] = {}  # (name, pp, m, costs?, limit?) -> Schedule
         self.simulation: Any = None
         self.figure: Any = None
         left = w.VBox(list(self.controls.values())[:4])
@@ -88,16 +89,27 @@ class ScheduleExplorer(w.VBox):
             name, pp, m = c["schedule"].value, c["pp"].value, c["m"].value
             limit = c["limit"].value or None
             costs = self.costs()
-            options = {"costs": costs, "memory_limit": limit} if name == "zb-auto" else {}
             try:
-                schedule = build_schedule(name, pp=pp, microbatches=m, **options)
+                schedule = self._schedule(name, pp, m, costs, limit)
             except ValueError as err:  # e.g. m not a multiple of pp: say so, keep the old plot
                 self.numbers.value = f"<p style='color:#b00'>cannot build: {err}</p>"
                 raise
             self.simulation = simulate(schedule, costs, check=False)
             self.figure = plot_schedule(self.simulation, width=11, labels=m * pp <= 128)
-            self.image.value = self.figure.to_png(dpi=_DPI)
+            self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
             self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit)
+
+    def _schedule(self, name: str, pp: int, m: int, costs: Costs, limit: float | None) -> Any:
+        """Build, or reuse: only zb-auto depends on the costs and the limit, so moving a cost
+        slider re-simulates without rebuilding (ZB-V's search takes most of a redraw)."""
+        auto = name == "zb-auto"
+        key = (name, pp, m, costs if auto else None, limit if auto else None)
+        if key not in self._built:
+            if len(self._built) >= 64:
+                self._built.clear()  # a slider sweep should not grow memory without bound
+            options = {"costs": costs, "memory_limit": limit} if auto else {}
+            self._built[key] = build_schedule(name, pp=pp, microbatches=m, **options)
+        return self._built[key]
 
     def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None) -> str:
         sim, costs = self.simulation, self.costs()
