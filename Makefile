@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zbkit-installed
 TORCH ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-fast lint format demo lab clean
+.PHONY: setup system-deps test test-notebooks test-fast lint format demo lab clean
 
 setup: $(STAMP) system-deps
 
@@ -30,8 +30,14 @@ system-deps:
 	  fi; \
 	fi
 
+NBVAL := -p no:cacheprovider --nbval --sanitize-with notebooks/sanitize.cfg
+
 test: setup
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(NBVAL) notebooks
+
+test-notebooks: setup
+	$(PY) -m pytest -q $(NBVAL) notebooks
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not multiprocess and not browser"
