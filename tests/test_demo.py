@@ -9,6 +9,7 @@ made of against closed forms and the simulator.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 import pytest
@@ -54,6 +55,9 @@ def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch
     assert "<svg" in html and "group 0" in html
     assert "id=1f1b" in html and "id=zb-v" in html
     assert 'src="http' not in html  # self-contained: nothing fetched
+    chrome = json.loads((out_dir / "trace-zb-v.json").read_text())["traceEvents"]
+    actions = [e for e in chrome if e.get("ph") == "X" and e.get("tid") == 0]
+    assert len(actions) == 3 * 4 * 4  # F, I, W of 4 microbatches on zb-v's 2 x 2 stages
 
 
 def test_bad_options_are_named_before_any_process_starts(capsys):

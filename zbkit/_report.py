@@ -229,7 +229,7 @@ def _graph_html(graph: graphviz.Digraph) -> str:
         )
 
 
-def _section(r: Result) -> list[str]:
+def _section(r: Result, out: Path) -> list[str]:
     from zbkit import viz  # only the report draws
 
     fig = viz.plot_schedule(r.trace, simulation=r.sim, title=r.name, unit="seconds")
@@ -237,6 +237,8 @@ def _section(r: Result) -> list[str]:
     fmt = lambda xs: " ".join(f"{x:g}" for x in xs)  # noqa: E731
     ms = [[s, *(f"{getattr(c, k) * 1e3:.2f}" for k in "FIW")] for s, c in enumerate(r.costs)]
     name = html.escape(r.name)
+    chrome = f"trace-{r.name}.json"
+    r.trace.to_chrome(out / chrome)  # every rank's actions, waits and memory, for Perfetto
     return [
         f"<h2 id={name}>{name}</h2>",
         f"<p>Step {r.step * 1e3:.1f} ms (median over rounds); the drawn round's makespan "
@@ -249,6 +251,8 @@ def _section(r: Result) -> list[str]:
         f"<p class=note>The simulation's costs: median times per stage (ms) in this run, and "
         f"a hop of {r.costs[0].comm * 1e3:.2f} ms between ranks.</p>",
         _table(["stage", "F", "I", "W"], ms),
+        f'<p class=note>The drawn round as a Chrome trace: <a href="{chrome}">{chrome}</a> '
+        "(open it in https://ui.perfetto.dev).</p>",
     ]
 
 
@@ -281,7 +285,7 @@ def write_report(
         _graph_html(graph),
     ]
     for r in results:
-        parts += _section(r)
+        parts += _section(r, out)
     parts.append("</body></html>\n")
     path = out / "index.html"
     path.write_text("\n".join(parts), encoding="utf-8")
