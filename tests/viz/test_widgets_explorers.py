@@ -15,6 +15,7 @@ from torch import nn
 from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, build_schedule, simulate
 from zbkit.splitgrad import analyze
+from zbkit.viz import plot_memory
 from zbkit.widgets import ParamGroupExplorer, RunViewer, ScheduleExplorer
 
 
@@ -120,5 +121,9 @@ def test_run_viewer_shows_a_real_trace_beside_its_simulation():
     assert [t.get_text() for t in v.figure.axes[0].get_yticklabels()] == ["rank 1"]
     with pytest.raises(ValueError, match="rank 5 is not in this run"):
         v.show(5)
+    # the measured memory record (what the stages really held) drawn as recorded
+    mem = plot_memory(trace)
+    peaks = [max(ax.get_lines()[0].get_ydata()) for ax in mem.axes]
+    assert peaks == trace.peak_memory == [2, 1]  # ZB-H1 holds min(p - r, m) activations
     alone = RunViewer(list(sim.events))  # no simulation: one row per rank, no toggle
     assert alone.compare.layout.display == "none" and "sim:" not in alone.numbers.value
