@@ -67,6 +67,9 @@ def test_bad_options_are_named_before_any_process_starts(capsys):
     assert "nope" in capsys.readouterr().err
     assert demo.main(_args("--layers", "4", "--dim", "8", "--tokens", "2")) == 2  # zb-v: 8
     assert "--layers 4" in capsys.readouterr().err
+    assert demo.main(_args("--dim", "10", "--heads", "4", "--split-only")) == 2
+    captured = capsys.readouterr()
+    assert "divisible" in captured.err and "Part 1" not in captured.out  # nothing ran
 
 
 def test_stages_compose_to_the_model_and_share_its_parameters():

@@ -53,11 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:  # every option checked before anything runs
+        if args.dim % args.heads:
+            raise ValueError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
+        cfg, schedules = (None, {}) if args.split_only else _check(args)
+    except ValueError as exc:
+        print(f"zbkit demo: {exc}", file=sys.stderr)
+        return 2
     ok = split_backward_demo(args)
-    if not ok or args.split_only:
+    if not ok or cfg is None:
         return 0 if ok else 1
     print()
-    return pipeline_demo(args)
+    return pipeline_demo(args, cfg, schedules)
 
 
 # ---------------------------------------------------------------------- part 1
@@ -202,7 +209,9 @@ def _check(args: argparse.Namespace) -> tuple[Config, dict[str, Schedule]]:
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCHEDULES]
     if not names or unknown:
-        raise ValueError(f"--schedules: unknown {unknown or 'none given'}; pick from {SCHEDULES}")
+        raise ValueError(
+            f"--schedules {args.schedules!r}: unknown {unknown}; pick from {SCHEDULES}"
+        )
     if args.backend == "nccl" and torch.cuda.device_count() < args.ranks:
         raise ValueError(
             f"--backend nccl needs one GPU per rank: {args.ranks} ranks, "
@@ -219,16 +228,11 @@ def _check(args: argparse.Namespace) -> tuple[Config, dict[str, Schedule]]:
     return cfg, schedules
 
 
-def pipeline_demo(args: argparse.Namespace) -> int:
+def pipeline_demo(args: argparse.Namespace, cfg: Config, schedules: dict[str, Schedule]) -> int:
     """Part 2: every schedule on real ranks, the table, the report; 0 when gradients agree."""
     from zbkit import viz
     from zbkit.launch import Cluster, LaunchError
 
-    try:
-        cfg, schedules = _check(args)
-    except ValueError as exc:
-        print(f"zbkit demo: {exc}", file=sys.stderr)
-        return 2
     print(f"Part 2: a transformer of {cfg.layers} blocks (dim {cfg.dim}) on {args.ranks} "
           f"{args.backend} ranks, {cfg.microbatches} microbatches of {args.batch} x "
           f"{cfg.tokens} tokens, {cfg.rounds} measured steps per schedule")  # fmt: skip
