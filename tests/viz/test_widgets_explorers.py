@@ -127,3 +127,28 @@ def test_run_viewer_shows_a_real_trace_beside_its_simulation():
     assert peaks == trace.peak_memory == [2, 1]  # ZB-H1 holds min(p - r, m) activations
     alone = RunViewer(list(sim.events))  # no simulation: one row per rank, no toggle
     assert alone.compare.layout.display == "none" and "sim:" not in alone.numbers.value
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"])
+def test_closed_forms_shown_agree_with_the_simulator(name):
+    from zbkit.widgets._closed_form import bubble, peak_memory
+
+    checked = 0
+    for f, i, w in [(1, 1, 1), (1, 2, 1), (2, 2, 1), (3, 2, 1.5), (1, 1, 2)]:
+        for pp, m in [(2, 4), (3, 6), (4, 8), (4, 12), (3, 5)]:
+            costs = Costs(f, i, w)
+            try:
+                schedule = build_schedule(name, pp=pp, microbatches=m)
+            except ValueError:
+                continue  # e.g. interleaved needs m % pp == 0
+            sim = simulate(schedule, costs)
+            v = schedule.stages_per_rank
+            cf = bubble(name, pp, m, v, costs)
+            if cf is not None:
+                assert cf.rate == pytest.approx(sim.bubble_rate, abs=1e-12), (pp, m, costs)
+                checked += 1
+            pm = peak_memory(name, pp, m, v, costs)
+            if pm is not None:
+                assert pm[1] == sim.peak_memory, (pp, m, pm[0])
+                checked += 1
+    assert checked >= 10  # the formulas apply to most of these settings
