@@ -8,7 +8,10 @@ import sys
 
 # subcommand -> module with `add_arguments(parser)` and `main(args) -> int`
 _COMMANDS = {
-    "demo": ("zbkit.demo", "split backward vs autograd, then real pipelines vs their simulations, HTML report"),
+    "demo": (
+        "zbkit.demo",
+        "split backward vs autograd, then real pipelines vs their simulations, HTML report",
+    ),
     "schedule": ("zbkit.schedules.cli", "build, validate and simulate a pipeline schedule"),
 }
 
