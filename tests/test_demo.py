@@ -17,7 +17,7 @@ import torch
 
 from zbkit import _report, demo
 from zbkit.models import TinyTransformer, split_stages
-from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.schedules import Costs, bubble_rate, build_schedule, simulate
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -98,7 +98,7 @@ def test_measured_numbers_read_a_simulation_back():
     sim = simulate(schedule, costs)
     got = _report.measured_costs(sim.events, 3, comm=_report.hop_latency(sim.events))
     assert got == costs
-    assert _report.bubble_rate(sim.events) == pytest.approx(sim.bubble_rate)
+    assert bubble_rate(sim.events) == pytest.approx(sim.bubble_rate)
     b = simulate(build_schedule("1f1b", pp=3, microbatches=6), Costs(F=1, I=2, W=2))
     assert [c.I for c in _report.measured_costs(b.events, 3)] == [2.0, 2.0, 2.0]  # B = I + W
     assert _report.grad_difference([{"a": torch.ones(2)}], {"a": torch.zeros(2)}) == 1.0

@@ -5,7 +5,6 @@ start, end)``, so everything here reads both the same way:
 
 - ``measured_costs``: per stage, the median F, I and W a run took (what to simulate with);
 - ``hop_latency``: how long a tensor took from one rank to the next (the simulator's ``comm``);
-- ``bubble_rate``: the simulator's formula, applied to any events.
 """
 
 from __future__ import annotations
@@ -24,25 +23,7 @@ import graphviz
 import torch
 
 from zbkit.pipeline import Trace
-from zbkit.schedules import Costs, Event, Schedule, Simulation, simulate
-
-
-def bubble_rate(events: Iterable[Event]) -> float:
-    """``(cost - work) / cost``: cost = the longest rank span, work = the busiest rank's busy time.
-
-    This is ``simulate``'s formula: there ``work`` is m * sum over the rank's stages of
-    (F + I + W), which is exactly the busy time of the busiest rank. (``Trace.bubble_rate``
-    divides by the *mean* busy time instead, which differs when stages are unequal.)
-    """
-    spans: dict[int, list[float]] = {}  # rank -> [first start, last end, busy]
-    for e in events:
-        lo, hi, busy = spans.get(e.rank, [e.start, e.end, 0.0])
-        spans[e.rank] = [min(lo, e.start), max(hi, e.end), busy + e.end - e.start]
-    if not spans:
-        return 0.0
-    cost = max(hi - lo for lo, hi, _ in spans.values())
-    work = max(busy for *_, busy in spans.values())
-    return (cost - work) / cost if cost > 0 else 0.0
+from zbkit.schedules import Costs, Event, Schedule, Simulation, bubble_rate, simulate
 
 
 def measured_costs(events: Iterable[Event], num_stages: int, comm: float = 0.0) -> list[Costs]:
@@ -274,8 +255,8 @@ def write_report(
         f"<p>{html.escape(intro)}</p>",
         _table(HEADER, [r.row() for r in results]),
         "<p class=note>Bubble rate, run and sim alike: (longest rank span - busiest rank's "
-        "busy time) / longest rank span, the simulator's formula. The plot titles use the mean "
-        "busy time over ranks instead (Trace.bubble_rate). Peak activations: microbatches held "
+        "busy time) / longest rank span, the simulator's formula (zbkit.schedules.bubble_rate). "
+        "Peak activations: microbatches held "
         "between F and I (or B), per rank. Step: the slowest rank's, median over rounds.</p>",
         "<h2>A stage's backward, split</h2>",
         "<p>I (the input gradient, which the previous stage waits for) runs the ops in the "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, NamedTuple
 
-from zbkit.schedules import Event
+from zbkit.schedules import Event, bubble_rate
 
 
 class MemorySample(NamedTuple):
@@ -91,16 +91,8 @@ class Trace:
 
     @property
     def bubble_rate(self) -> float:
-        """(longest rank span - mean busy time) / longest rank span."""
-        spans: dict[int, list[float]] = {}
-        for e in self.events:
-            lo, hi, busy = spans.get(e.rank, [e.start, e.end, 0.0])
-            spans[e.rank] = [min(lo, e.start), max(hi, e.end), busy + e.end - e.start]
-        if not spans:
-            return 0.0
-        cost = max(hi - lo for lo, hi, _ in spans.values())
-        busy = sum(b for *_, b in spans.values()) / len(spans)
-        return (cost - busy) / cost if cost > 0 else 0.0
+        """The simulator's formula on the measured events (``zbkit.schedules.bubble_rate``)."""
+        return bubble_rate(self.events)
 
     # ------------------------------------------------------------------ memory
     def memory_for(self, mem_activation: float = 1.0, mem_weight: float = 0.0) -> list[list]:

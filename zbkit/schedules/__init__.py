@@ -9,7 +9,7 @@
 from zbkit.schedules.action import Action
 from zbkit.schedules.builders import SCHEDULES, build_schedule
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.simulate import Costs, Event, Simulation, simulate
+from zbkit.schedules.simulate import Costs, Event, Simulation, bubble_rate, simulate
 from zbkit.schedules.validate import validate
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Simulation",
+    "bubble_rate",
     "build_schedule",
     "simulate",
     "validate",

@@ -8,7 +8,7 @@ into what W needs (`mem_weight`), W frees that, B frees the activation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -177,3 +177,22 @@ def _summarize(schedule, costs, per_stage, times) -> Simulation:
         span=span,
         idle=[s - b for s, b in zip(span, busy, strict=True)],
     )
+
+
+def bubble_rate(events: Iterable[Event]) -> float:
+    """``(cost - work) / cost`` for any events, simulated or measured.
+
+    cost = the longest rank span (first start to last end), work = the busiest rank's busy
+    time. For a simulation the busiest rank's busy time is m * sum over its stages of
+    (F + I + W), so this is exactly ``Simulation.bubble_rate``; a measured trace gets the
+    same formula and so can be compared with its simulation.
+    """
+    spans: dict[int, list[float]] = {}  # rank -> [first start, last end, busy]
+    for e in events:
+        lo, hi, busy = spans.get(e.rank, [e.start, e.end, 0.0])
+        spans[e.rank] = [min(lo, e.start), max(hi, e.end), busy + e.end - e.start]
+    if not spans:
+        return 0.0
+    cost = max(hi - lo for lo, hi, _ in spans.values())
+    work = max(busy for *_, busy in spans.values())
+    return (cost - work) / cost if cost > 0 else 0.0
