@@ -41,33 +41,33 @@ def shorten(names: list[str], limit: int = 3) -> str:
 
 
 def legend(phases: bool, groups: bool, highlight: str | None = None) -> graphviz.Digraph:
-    """A small boxed key; node ids are fixed names, so the source stays deterministic."""
+    """A boxed key, one entry under the other; ids are fixed names (deterministic source)."""
+    filled = {"style": "filled"}
+    entries: list[tuple[str, str, dict[str, str]]] = [
+        ("legend_param", "parameter", {**filled, "shape": "box", "fillcolor": c.PARAM_FILL}),
+        ("legend_input", "stage input", {**filled, "shape": "invhouse", "fillcolor": c.INPUT_FILL}),
+        ("legend_output", "stage output", {**filled, "shape": "house", "fillcolor": c.OUTPUT_FILL}),
+    ]
+    if highlight is not None:  # one pass lit: say which, and what the grey means
+        lit = f"runs in {highlight}\n({c.KIND_NAMES[highlight]})"
+        entries.append(("legend_i", lit, {"fillcolor": c.KIND_COLORS[highlight]}))
+        if highlight != "F":
+            dim = {"fillcolor": c.DIM_FILL, "fontcolor": c.DIM_FONT}
+            entries.append(("legend_w", "not in this pass", dim))
+    elif phases:
+        entries.append(("legend_i", "runs in I\n(input grad)", {"fillcolor": c.KIND_COLORS["I"]}))
+        entries.append(("legend_w", "runs in W\n(weight grad)", {"fillcolor": c.KIND_COLORS["W"]}))
+    else:
+        entries.append(("legend_i", "input closure\n(runs in I)", {"fillcolor": c.CLOSURE_FILL}))
+        entries.append(("legend_w", "param-only op\n(runs in W)", {"fillcolor": "white"}))
+    if groups:
+        split = {"color": c.SPLIT_COLOR, "penwidth": "2.5", "fillcolor": "white"}
+        entries.append(("legend_split", "split point\n(intermediate)", split))
+
     key = graphviz.Digraph(name="cluster_legend")
     key.attr(label="legend", style="rounded", color="#999999", fontsize="10")
-    key.node("legend_param", "parameter", shape="box", style="filled", fillcolor=c.PARAM_FILL)
-    key.node(
-        "legend_input", "stage input", shape="invhouse", style="filled", fillcolor=c.INPUT_FILL
-    )
-    key.node(
-        "legend_output", "stage output", shape="house", style="filled", fillcolor=c.OUTPUT_FILL
-    )
-    if highlight is not None:  # one pass lit: say which, and what the grey means
-        what = c.KIND_NAMES[highlight]
-        key.node("legend_i", f"runs in {highlight}\n({what})", fillcolor=c.KIND_COLORS[highlight])
-        if highlight != "F":
-            key.node("legend_w", "not in this pass", fillcolor=c.DIM_FILL, fontcolor=c.DIM_FONT)
-    elif phases:
-        key.node("legend_i", "runs in I\n(input grad)", fillcolor=c.KIND_COLORS["I"])
-        key.node("legend_w", "runs in W\n(weight grad)", fillcolor=c.KIND_COLORS["W"])
-    else:
-        key.node("legend_i", "input closure\n(runs in I)", fillcolor=c.CLOSURE_FILL)
-        key.node("legend_w", "param-only op\n(runs in W)", fillcolor="white")
-    if groups:
-        key.node(
-            "legend_split",
-            "split point\n(intermediate)",
-            color=c.SPLIT_COLOR,
-            penwidth="2.5",
-            fillcolor="white",
-        )
+    for name, text, attrs in entries:
+        key.node(name, text, **attrs)
+    for (a, *_), (b, *_) in zip(entries, entries[1:], strict=False):
+        key.edge(a, b, style="invis")  # a column beside the graph, not a wide row above it
     return key

@@ -221,7 +221,9 @@ def draw_graph(
             if gi not in clusters:
                 clusters[gi] = graphviz.Digraph(name=f"cluster_group{gi}")
             target = clusters[gi]
-        target.node(g.id, g.label, fillcolor=fill, **attrs)
+        # split points carry the analysis' name ("AddmmBackward0#2"), as the explorer lists them
+        label = analysis.labels.get(g.node, g.label) if g.node in split_nodes else g.label
+        target.node(g.id, label, fillcolor=fill, **attrs)
 
     for gi in sorted(clusters):
         chosen = group is None or gi == group
