@@ -88,10 +88,10 @@ def test_measured_trace_beside_and_over_its_simulation():
 
 def test_bubble_rate_of_a_hand_made_trace_matches_the_closed_form():
     # rank 0 busy 0-2 and 3-4 (span 4, busy 3); rank 1 busy 1-3 (span 2, busy 2)
-    # cost = longest span = 4; mean busy = 2.5; bubble = (4 - 2.5) / 4
+    # cost = longest span = 4; work = the busiest rank's busy time = 3; bubble = (4 - 3) / 4
     events = [(0, 0, "F", 0, 0, 2), (0, 0, "B", 0, 3, 4), (1, 1, "F", 0, 1, 3)]
     title = plot_schedule(events).axes[0].get_title(loc="left")
-    assert "makespan 4, bubble 37.5%" in title
+    assert "makespan 4, bubble 25.0%" in title
 
 
 def test_memory_follows_the_1f1b_closed_form_and_draws_the_limit():

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zbkit.schedules import bubble_rate
+
 KINDS = ("F", "I", "W", "B")
 _FIELDS = ("rank", "stage", "kind", "microbatch", "start", "end")
 
@@ -94,20 +96,6 @@ def rank_spans(events: list[Event]) -> dict[int, tuple[float, float, float]]:
     return spans
 
 
-def bubble_rate(events: list[Event]) -> float:
-    """DESIGN's formula `(cost - busy) / cost`, cost = the longest rank span.
-
-    A simulation's ranks are equally busy (m * v * (F + I + W)); a measured run's are not, so
-    `busy` is the mean busy time over ranks, which gives the same number for a simulation.
-    """
-    spans = rank_spans(events)
-    if not spans:
-        return 0.0
-    cost = max(hi - lo for lo, hi, _ in spans.values())
-    busy = sum(b for _, _, b in spans.values()) / len(spans)
-    return (cost - busy) / cost if cost > 0 else 0.0
-
-
 def timeline(obj: Any, *, num_ranks: int | None = None) -> Timeline:
     """Normalise `obj` (Simulation, trace, or list of events) into a `Timeline`."""
     events = [_one_event(raw, i) for i, raw in enumerate(raw_events(obj))]
@@ -128,6 +116,7 @@ def timeline(obj: Any, *, num_ranks: int | None = None) -> Timeline:
         events=events,
         num_ranks=max(ranks, num_ranks or 0, len(peak) if peak is not None else 0),
         makespan=float(makespan) if makespan is not None else max(e.end for e in events),
+        # a plain event list: the same formula Simulation and Trace use
         bubble_rate=float(rate) if rate is not None else bubble_rate(events),
         peak_memory=[float(x) for x in peak] if peak is not None else None,
         source=obj,
