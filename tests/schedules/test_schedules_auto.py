@@ -1,15 +1,17 @@
 """zb-auto on the Zero Bubble paper's measured times (Qi et al., ICLR 2024, Table 6).
 
-The bar: the paper's automatic schedules beat its handcrafted ones, so ZB-1p (limit p*M_B)
-must be at least as good as ZB-H1 and its closed form, ZB-2p (limit 2p*M_B) at least as
-good as ZB-H2, with the real times (T_W < T_F) and never over the memory limit.
+The bar is the paper's own Table 5 (bubble rates from its profiled times, comm included):
+zb-auto with memory_limit = p*M_B must be at least as good as its ZB-1p, with 2p*M_B at
+least as good as its ZB-2p. Our simulator reproduces the table's 1F1B, ZB-H1 and ZB-H2
+columns to all four printed digits, so the comparison is like for like.
 """
 
-import dataclasses
+import random
 
 import pytest
 
-from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
+from zbkit.schedules._build_greedy import sweep
 
 # model: (p, hidden, heads, {m: (T_F, T_B = our I, T_W, T_comm) in ms})
 TABLE6 = {
@@ -19,9 +21,31 @@ TABLE6 = {
                            64: (29.935, 29.621, 19.388, 0.535)}),
     "14.6B": (16, 5120, 40, {48: (11.347, 11.248, 8.132, 0.377), 64: (11.307, 11.254, 8.101, 0.379),
                              128: (11.325, 11.308, 8.109, 0.378)}),
-    "28.3B": (32, 6144, 48, {96: (10.419, 10.207, 7.715, 0.408)}),
+    "28.3B": (32, 6144, 48, {96: (10.419, 10.207, 7.715, 0.408),
+                             128: (10.408, 10.204, 7.703, 0.408),
+                             256: (10.402, 10.248, 7.698, 0.460)}),
 }  # fmt: skip
-CASES = [(model, m) for model, (_, _, _, runs) in TABLE6.items() for m in runs]
+# the paper's Table 5 (ICLR version): bubble rates of 1F1B, ZB-H1, ZB-H2, ZB-1p, ZB-2p
+TABLE5 = {
+    ("1.5B", 24): (0.2431, 0.1585, 0.1083, 0.1585, 0.0433),
+    ("1.5B", 32): (0.1985, 0.1242, 0.0837, 0.1242, 0.0039),
+    ("1.5B", 64): (0.1240, 0.0674, 0.0444, 0.0674, 0.0026),
+    ("6.2B", 24): (0.2347, 0.1323, 0.0698, 0.1323, 0.0029),
+    ("6.2B", 32): (0.1898, 0.1045, 0.0559, 0.1045, 0.0022),
+    ("6.2B", 64): (0.1091, 0.0554, 0.0294, 0.0554, 0.0010),
+    ("14.6B", 48): (0.2552, 0.1397, 0.0672, 0.1397, 0.0066),
+    ("14.6B", 64): (0.2082, 0.1088, 0.0516, 0.1088, 0.0054),
+    ("14.6B", 128): (0.1251, 0.0576, 0.0266, 0.0576, 0.0028),
+    ("28.3B", 96): (0.2646, 0.1421, 0.0641, 0.1421, 0.0038),
+    ("28.3B", 128): (0.2168, 0.1106, 0.0490, 0.1106, 0.0029),
+    ("28.3B", 256): (0.1352, 0.0594, 0.0257, 0.0594, 0.0018),
+}
+PRINTED = 5e-5  # the table rounds to 4 digits
+# zb-auto is built for these (the two larger 28.3B runs take seconds each: left to the CLI)
+AUTO_CASES = [case for case in TABLE5 if case[0] != "28.3B" or case[1] == 96]
+# the one published ZB-2p number zb-auto does not reach: 0.0436 here against 0.0433 (the
+# paper refines its heuristic's schedule with an ILP solver; ours stops at a local search)
+SHORT_OF_ZB2P = {("1.5B", 24)}
 
 
 def paper_costs(model, m):
@@ -31,30 +55,103 @@ def paper_costs(model, m):
     return p, Costs(*runs[m], mem_activation=1.0, mem_weight=m_w / m_b)
 
 
-@pytest.mark.parametrize("model,m", CASES)
-def test_zb_auto_beats_the_handcrafted_schedules(model, m):
-    p, costs = paper_costs(model, m)
-    h1 = simulate(build_schedule("zb-h1", pp=p, microbatches=m), costs)
-    h2 = simulate(build_schedule("zb-h2", pp=p, microbatches=m), costs)
-    one_f_one_b = simulate(build_schedule("1f1b", pp=p, microbatches=m), costs)
+def rank0_bound(p, m, c, limit):
+    """A lower bound on the bubble rate of any schedule: rank 0's idle time it cannot avoid.
 
+    Before its first I, rank 0 can only run forwards (at most limit // M_B of them) while
+    microbatch 0 goes down the pipeline and its input gradient comes back. After its last
+    forward it waits a round trip for the last input gradient, and can only fill that with
+    what it still owes: r - 1 I's (it holds r activations with that forward) and the Ws, of
+    which `owed` were deferred from before, with r*M_B + owed*M_W <= limit.
+    """
+    k0 = min(m, int((limit + 1e-9) // c.mem_activation))
+    first_i = p * c.F + (p - 1) * (c.I + 2 * c.comm)
+    start_idle = max(0.0, first_i - k0 * c.F)
+    trip = (p - 1) * (c.F + c.I + 2 * c.comm)
+    work = 0.0
+    for r in range(1, k0 + 1):
+        room = limit + 1e-9 - r * c.mem_activation
+        owed = m - r if c.mem_weight == 0 else min(m - r, int(room // c.mem_weight))
+        work = max(work, (r - 1) * c.I + (r - 1 + owed) * c.W)
+    cost = m * (c.F + c.I + c.W) + start_idle + max(0.0, trip - work)
+    return (cost - m * (c.F + c.I + c.W)) / cost
+
+
+@pytest.mark.parametrize("model,m", list(TABLE5))
+def test_simulator_reproduces_the_papers_table5(model, m):
+    p, costs = paper_costs(model, m)
+    for name, published in zip(("1f1b", "zb-h1", "zb-h2"), TABLE5[model, m], strict=False):
+        rate = simulate(build_schedule(name, pp=p, microbatches=m), costs).bubble_rate
+        assert abs(rate - published) <= PRINTED, (name, rate, published)
+
+
+@pytest.mark.parametrize("model,m", AUTO_CASES)
+def test_zb_auto_at_p_mb_is_as_good_as_zb_1p_and_optimal(model, m):
+    p, costs = paper_costs(model, m)
     zb1p = simulate(build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
                                    memory_limit=p * 1.0), costs)  # fmt: skip
     assert max(zb1p.peak_memory) <= p + 1e-9
-    assert zb1p.bubble_rate <= h1.bubble_rate + 1e-12 < one_f_one_b.bubble_rate
-    # ZB-H1's closed form (p-1)(F+I-W) holds without comm: compare there
-    no_comm = dataclasses.replace(costs, comm=0.0)
-    t = costs.F + costs.I + costs.W
-    bubble = (p - 1) * (costs.F + costs.I - costs.W)
-    auto = build_schedule("zb-auto", pp=p, microbatches=m, costs=no_comm, memory_limit=p * 1.0)
-    assert simulate(auto, no_comm).bubble_rate <= bubble / (m * t + bubble) + 1e-12
+    assert zb1p.bubble_rate <= TABLE5[model, m][3] + PRINTED
+    # no schedule beats the bound; for these models deferring Ws never pays at rank 0 (W/M_W
+    # < (I + W)/M_B), so the bound is ZB-H1's (p-1)(F+I-W+4 comm) and zb-auto reaches it:
+    # optimal under this limit, which is why the paper's ZB-1p ties ZB-H1 too
+    bound = rank0_bound(p, m, costs, p * 1.0)
+    assert bound - 1e-9 <= zb1p.bubble_rate <= bound + 1e-9
+    c, t = costs, costs.F + costs.I + costs.W
+    h1 = (p - 1) * (c.F + c.I - c.W + 4 * c.comm)
+    assert bound == pytest.approx(h1 / (m * t + h1), abs=1e-12)
 
+
+@pytest.mark.parametrize(
+    "model,m",
+    [
+        pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="0.0436 vs 0.0433"))
+        if case in SHORT_OF_ZB2P
+        else case
+        for case in AUTO_CASES
+    ],
+)
+def test_zb_auto_at_2p_mb_is_as_good_as_zb_2p(model, m):
+    p, costs = paper_costs(model, m)
     zb2p = simulate(build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
                                    memory_limit=2 * p * 1.0), costs)  # fmt: skip
     assert max(zb2p.peak_memory) <= 2 * p + 1e-9
-    # clearly better than ZB-H2 with real times (measured: 0.6-0.8 of its bubble rate)
-    assert zb2p.bubble_rate <= 0.85 * h2.bubble_rate
-    assert zb2p.bubble_rate < zb1p.bubble_rate
+    assert zb2p.bubble_rate >= rank0_bound(p, m, costs, 2 * p * 1.0) - 1e-9
+    h2 = simulate(build_schedule("zb-h2", pp=p, microbatches=m), costs)
+    assert zb2p.bubble_rate <= 0.5 * h2.bubble_rate  # measured: 0.02-0.4 of it
+    assert zb2p.bubble_rate <= TABLE5[model, m][4] + PRINTED
+
+
+def test_zb_auto_beats_zb_h1_when_memory_allows_deferring_ws():
+    # with M_W = 0 a deferred W costs no memory: rank 0 fills its cool-down with them
+    costs = Costs(F=18.5, I=18.1, W=9.3, comm=0.6, mem_activation=1.0, mem_weight=0.0)
+    h1 = simulate(build_schedule("zb-h1", pp=8, microbatches=32), costs)
+    auto = simulate(build_schedule("zb-auto", pp=8, microbatches=32, costs=costs,
+                                   memory_limit=8.0), costs)  # fmt: skip
+    assert max(auto.peak_memory) <= 8.0
+    assert rank0_bound(8, 32, costs, 8.0) - 1e-9 <= auto.bubble_rate < 0.9 * h1.bubble_rate
+
+
+def test_sweep_cost_is_what_simulate_measures():
+    # the construction times its own actions; the simulator is the oracle for them
+    rng = random.Random(0)
+    for _ in range(12):
+        p, m = rng.randint(2, 6), rng.randint(1, 14)
+        costs = [
+            Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 2),
+                  comm=rng.uniform(0, 0.3), mem_activation=1.0, mem_weight=rng.uniform(0, 0.8))
+            for _ in range(p)
+        ]  # fmt: skip
+        limit = rng.uniform(p, 2.5 * p)
+        warmup = sorted((rng.randint(1, int(limit)) for _ in range(p)), reverse=True)
+        fill = rng.choice([0.0, 0.5, 2.0])
+        program, cost = sweep(costs, m, limit, warmup, fill, rng.choice([None, 0.0, 2.0]))
+        schedule = Schedule(program, list(range(p)), m, "sweep")
+        validate(schedule)
+        sim = simulate(schedule, costs)
+        assert max(sim.span) == pytest.approx(cost, rel=1e-12)
+        assert max(sim.peak_memory) <= limit + 1e-9
+        assert all(a.kind == "F" for a in program[0][: min(m, warmup[0])])
 
 
 def test_zb_auto_never_exceeds_any_limit():
@@ -63,5 +160,14 @@ def test_zb_auto_never_exceeds_any_limit():
         s = build_schedule("zb-auto", pp=p, microbatches=m, costs=costs, memory_limit=limit)
         sim = simulate(s, costs)
         assert max(sim.peak_memory) <= limit + 1e-9, (p, m, limit, sim.peak_memory)
+    # unequal stages (a heavy last stage, as with a big vocabulary): still under the limit
+    stages = [costs] * 3 + [Costs(F=2.0, I=2.5, W=1.0, comm=0.05, mem_weight=0.4)]
+    h1 = simulate(build_schedule("zb-h1", pp=4, microbatches=10), stages)
+    for limit in (1.5, 4.0, 6.5):
+        s = build_schedule("zb-auto", pp=4, microbatches=10, costs=stages, memory_limit=limit)
+        sim = simulate(s, stages)
+        assert max(sim.peak_memory) <= limit + 1e-9
+        if limit >= max(h1.peak_memory):  # ZB-H1 fits: zb-auto is at least as good
+            assert sim.bubble_rate <= h1.bubble_rate + 1e-12
     with pytest.raises(ValueError, match="too small"):
         build_schedule("zb-auto", pp=4, microbatches=8, costs=costs, memory_limit=0.9)

@@ -11,6 +11,10 @@ An I is on the critical path (every stage before it waits), so `hold` > 0 (`fill
 makes a rank wait instead of starting an F (a W) that would delay an I known to arrive
 within `hold * F` (`fill * W`). The builders try a few such policies and keep the fastest,
 measured by `simulate`.
+
+`sweep` is the paper's own construction for one stage per rank (zb-auto): it visits
+microbatches in order and stages in dependency order, so it knows exactly when each input
+arrives and puts Ws into the gaps that leaves (see its docstring).
 """
 
 from __future__ import annotations
@@ -142,3 +146,103 @@ def greedy(
 def _minimum(stage_to_rank: list[int], costs: list[Costs], rank: int) -> float:
     """A rank must at least hold one microbatch's activations of all its stages at once."""
     return sum(costs[s].mem_activation for s, r in enumerate(stage_to_rank) if r == rank)
+
+
+def sweep(
+    costs: list[Costs],
+    m: int,
+    memory_limit: float,
+    warmup: list[int],
+    fill: float = 0.0,
+    tail_fill: float | None = None,
+    actions: bool = True,
+) -> tuple[dict[int, list[Action]], float]:
+    """The paper's construction, microbatch by microbatch; one stage per rank (rank = stage).
+
+    Round i goes down the pipeline, each stage running forwards until it is `warmup[s]`
+    ahead of i (round 0 is the warm-up: `warmup[s]` forwards before the first I; later
+    rounds add one F each), then up the pipeline, each stage running I_i. Stages are
+    visited in dependency order, so when an F or I is placed the time its input arrives
+    is already known, and Ws go exactly into the gaps: while the F/I would wait, the
+    oldest pending W runs if it fits the wait, or if the wait is at least `fill` * W (a W
+    that overruns delays the F/I a little, but is done now rather than at the end).
+    `tail_fill` replaces `fill` once a stage has run all its forwards (the cool-down).
+    Ws also run whenever the next action would go over `memory_limit`.
+
+    Returns (program per rank, cost); cost is the longest rank span (first start to last
+    end), the same number `simulate` computes for the program. `actions=False` skips
+    building the program (a search only needs the cost) and returns it empty.
+    """
+    p = len(costs)
+    tail = fill if tail_fill is None else tail_fill
+    busy_until = [0.0] * p  # when each stage's rank is free again
+    held = [0.0] * p  # memory held now
+    done = {k: [0] * p for k in "FIW"}  # actions of each kind placed so far, per stage
+    f_end = [[0.0] * m for _ in range(p)]
+    i_end = [[0.0] * m for _ in range(p)]
+    first = [0.0] * p  # when each stage's first F starts
+    program: dict[int, list[Action]] = {s: [] for s in range(p)}
+
+    # per stage and kind: duration and memory change (looked up ~10^4 times per sweep)
+    dur = [{k: c.duration(k) for k in "FIW"} for c in costs]
+    mem = [{k: c.memory(k) for k in "FIW"} for c in costs]
+
+    def put(s: int, kind: str, ready: float) -> None:
+        j = done[kind][s]
+        start = busy_until[s] if busy_until[s] > ready else ready
+        busy_until[s] = end = start + dur[s][kind]
+        held[s] += mem[s][kind]
+        done[kind][s] = j + 1
+        if actions:
+            program[s].append(Action(s, kind, j))
+        if kind == "F":
+            f_end[s][j] = end
+            if j == 0:
+                first[s] = start
+        elif kind == "I":
+            i_end[s][j] = end
+
+    def pending(s: int) -> bool:
+        return done["W"][s] < done["I"][s]
+
+    def fill_gap(s: int, ready: float) -> None:
+        w, share = costs[s].W, fill if done["F"][s] < m else tail
+        while pending(s):
+            gap = ready - busy_until[s]
+            if gap <= _EPS or (w > gap + _EPS and gap < share * w):
+                return
+            put(s, "W", 0.0)
+
+    def make_room(s: int, kind: str) -> bool:
+        while held[s] + mem[s][kind] > memory_limit + _EPS:
+            if not pending(s):
+                return False
+            put(s, "W", 0.0)
+        return True
+
+    for i in range(m):
+        for s in range(p):  # down: forwards
+            target = min(m, i + warmup[s])
+            while done["F"][s] < target and (s == 0 or done["F"][s] < done["F"][s - 1]):
+                j = done["F"][s]
+                ready = f_end[s - 1][j] + costs[s].comm if s else 0.0
+                fill_gap(s, ready)
+                if not make_room(s, "F"):
+                    break
+                put(s, "F", ready)
+            if done["F"][s] <= i:  # I_i needs F_i
+                raise ValueError(
+                    f"memory_limit={memory_limit:g} leaves stage {s} no room for forward {i}"
+                )
+        for s in reversed(range(p)):  # up: input gradients
+            ready = f_end[s][i]
+            if s < p - 1:
+                ready = max(ready, i_end[s + 1][i] + costs[s].comm)
+            fill_gap(s, ready)
+            if not make_room(s, "I"):
+                raise ValueError(f"memory_limit={memory_limit:g} too small for stage {s}'s I")
+            put(s, "I", ready)
+    for s in range(p):  # cool-down: the Ws still owed
+        while pending(s):
+            put(s, "W", 0.0)
+    return program, max(busy_until[s] - first[s] for s in range(p))
