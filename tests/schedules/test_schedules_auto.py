@@ -11,7 +11,7 @@ import random
 import pytest
 
 from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
-from zbkit.schedules._build_greedy import sweep
+from zbkit.schedules._build_greedy import greedy, sweep
 
 # model: (p, hidden, heads, {m: (T_F, T_B = our I, T_W, T_comm) in ms})
 TABLE6 = {
@@ -171,3 +171,24 @@ def test_zb_auto_never_exceeds_any_limit():
             assert sim.bubble_rate <= h1.bubble_rate + 1e-12
     with pytest.raises(ValueError, match="too small"):
         build_schedule("zb-auto", pp=4, microbatches=8, costs=costs, memory_limit=0.9)
+
+
+def test_zb_auto_at_any_limit_is_the_best_of_its_candidates():
+    # oracle: each candidate built on its own (the greedy's policies, ZB-H1, ZB-H2) and
+    # simulated; zb-auto must be at least as fast as every one that fits the limit
+    costs = Costs(F=1.0, I=1.2, W=0.6, comm=0.05, mem_activation=1.0, mem_weight=0.4)
+    p, m = 4, 10
+    for limit in (1.6, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0):
+        auto = simulate(build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
+                                       memory_limit=limit), costs)  # fmt: skip
+        assert max(auto.peak_memory) <= limit + 1e-9
+        others = [
+            Schedule(greedy(list(range(p)), m, [costs] * p, limit, fill, hold), list(range(p)), m)
+            for fill in (0.0, 0.5)
+            for hold in (0.0, 0.5)
+        ]
+        others += [build_schedule(name, pp=p, microbatches=m) for name in ("zb-h1", "zb-h2")]
+        for other in others:
+            sim = simulate(other, costs)
+            if max(sim.peak_memory) <= limit + 1e-9:
+                assert auto.bubble_rate <= sim.bubble_rate + 1e-12, (limit, other.name)

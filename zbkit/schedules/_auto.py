@@ -18,12 +18,16 @@ import math
 from collections.abc import Sequence
 
 from zbkit.schedules import _build_fixed as fixed
+from zbkit.schedules import _engine
 from zbkit.schedules._build_greedy import greedy, sweep
+from zbkit.schedules.action import KINDS
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.simulate import Costs, simulate
+from zbkit.schedules.simulate import Costs
 from zbkit.schedules.validate import validate
 
 _POLICIES = [(fill, hold) for fill in (0.0, 0.5, 1.0) for hold in (0.0, 0.5, 1.0)]
+# the greedy policies that ever won for zb-auto over a grid of limits and costs
+_AUTO_POLICIES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
 # (fill, tail_fill) for `sweep`: a W goes into any gap / a gap half its size / only where it fits
 _FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]
 _REFINE_PASSES = 2
@@ -42,17 +46,38 @@ def _costs(costs: Costs | Sequence[Costs] | None, stages: int, name: str) -> lis
 
 
 def _best(candidates: list[Schedule], costs: list[Costs], limit: float) -> Schedule:
+    """The fastest candidate under `limit`: longest rank span first, then peak memory.
+
+    Candidates are timed with the simulator's engine alone (no validation, no summary:
+    this runs for every candidate); only the winner is validated, the next one taken if
+    it fails (a hand-written pattern that does not fit these sizes).
+    """
+    durations = {(s, k): c.duration(k) for s, c in enumerate(costs) for k in KINDS}
+    delta = {(s, k): c.memory(k) for s, c in enumerate(costs) for k in KINDS}
+    comm = [c.comm for c in costs]
     scored = []
-    for schedule in candidates:
+    for index, schedule in enumerate(candidates):
+        peak = 0.0
+        for actions in schedule.program.values():
+            held = 0.0
+            for a in actions:
+                held += delta[a.stage, a.kind]
+                peak = max(peak, held)
+        if peak > limit + 1e-9:
+            continue
+        try:
+            times = _engine.run(schedule, durations, comm)
+        except (_engine.Stuck, IndexError, KeyError):  # deadlocks, or not for these sizes
+            continue
+        span = max(t[-1][1] - t[0][0] for t in times.values() if t)
+        scored.append((span, peak, index, schedule))
+    for *_, schedule in sorted(scored, key=lambda x: x[:3]):
         try:
             validate(schedule)
-        except ScheduleError:  # a hand-written pattern that does not fit these sizes
+        except ScheduleError:
             continue
-        sim = simulate(schedule, costs, check=False)
-        if max(sim.peak_memory) <= limit + 1e-9:
-            # the longest rank span decides the step time; then less memory is better
-            scored.append((max(sim.span), max(sim.peak_memory), len(scored), schedule))
-    return min(scored)[3]
+        return schedule
+    raise ValueError("no candidate schedule fits: builder bug")  # greedy raises before this
 
 
 def zb_v(
@@ -164,14 +189,21 @@ def zb_auto(
             if not improved:
                 break
     best = min(found, key=found.get)
+    candidates = []
     if found[best] < math.inf:
         program = sweep(per_stage, m, memory_limit, list(best[0]), best[1], best[2])[0]
-        candidates = [Schedule(program, placement, m, name)]
-    else:  # the construction cannot fit this limit: fall back to the greedy
-        candidates = [
-            Schedule(greedy(placement, m, per_stage, memory_limit, fill, hold), placement, m, name)
-            for fill, hold in _POLICIES
-        ]
+        candidates.append(Schedule(program, placement, m, name))
+    # the event-driven greedy does better far from the construction's sweet spot (limits
+    # under p*M_B, or so large that all forwards fit), and it is the only one that can
+    # finish when the limit is too tight for a warm-up (it raises if nothing fits at all)
+    for fill, hold in _AUTO_POLICIES:
+        try:
+            program = greedy(placement, m, per_stage, memory_limit, fill, hold)
+        except ValueError:
+            if candidates:
+                break
+            raise
+        candidates.append(Schedule(program, placement, m, name))
     for handcrafted in (fixed.zb_h1, fixed.zb_h2):
         candidates.append(Schedule(handcrafted(pp, m), placement, m, name))
     return _best(candidates, per_stage, memory_limit)
