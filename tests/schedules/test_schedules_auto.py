@@ -192,3 +192,28 @@ def test_zb_auto_at_any_limit_is_the_best_of_its_candidates():
             sim = simulate(other, costs)
             if max(sim.peak_memory) <= limit + 1e-9:
                 assert auto.bubble_rate <= sim.bubble_rate + 1e-12, (limit, other.name)
+
+
+def main() -> None:
+    """Print zb-auto's bubble rates next to the paper's Table 5 (all 12 settings, slow ones too).
+
+    .venv/bin/python tests/schedules/test_schedules_auto.py
+    """
+    print(f"{'model':>6} {'m':>4} | {'ZB-H1':>7} {'ZB-1p':>7} {'auto p':>7} {'bound':>7} | "
+          f"{'ZB-H2':>7} {'ZB-2p':>7} {'auto 2p':>7}")  # fmt: skip
+    for (model, m), (_, _, _, zb1p, zb2p) in TABLE5.items():
+        p, costs = paper_costs(model, m)
+        h1, h2 = (simulate(build_schedule(n, pp=p, microbatches=m), costs).bubble_rate
+                  for n in ("zb-h1", "zb-h2"))  # fmt: skip
+        auto = [
+            simulate(build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
+                                    memory_limit=k * p * 1.0), costs).bubble_rate
+            for k in (1, 2)
+        ]  # fmt: skip
+        bound = rank0_bound(p, m, costs, p * 1.0)
+        print(f"{model:>6} {m:>4} | {h1:7.4f} {zb1p:7.4f} {auto[0]:7.4f} {bound:7.4f} | "
+              f"{h2:7.4f} {zb2p:7.4f} {auto[1]:7.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
