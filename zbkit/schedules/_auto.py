@@ -145,8 +145,8 @@ def zb_auto(
     """Automatic zero-bubble schedule under `memory_limit` (default pp * mem_activation).
 
     Tries the paper's construction (`sweep`) with several warm-up shapes and W-filling
-    rules, refines the best warm-up rank by rank, adds ZB-H1/ZB-H2 when they fit, and
-    keeps what `simulate` finds fastest.
+    rules, refines the best warm-up rank by rank, adds the event-driven greedy's policies
+    and ZB-H1/ZB-H2, and keeps the fastest that fits (timed by the simulator's engine).
     """
     placement = list(range(pp))
     per_stage = _costs(costs, pp, name)
