@@ -30,7 +30,7 @@ system-deps:
 	  fi; \
 	fi
 
-NBVAL := -p no:cacheprovider --nbval --sanitize-with notebooks/sanitize.cfg
+NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 
 test: setup
 	$(PY) -m pytest -q
