@@ -27,6 +27,7 @@ from torch import nn
 from zbkit.launch import launch
 from zbkit.pipeline import PipelineStage, ScheduleRunner, SyntheticStage, Trace
 from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.schedules.measure import hop_latency, measured_costs
 
 SYNTH_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
 # label -> (schedule, split_first_stage): stage 0's I runs at its W by default; the "+split"
@@ -69,27 +70,8 @@ def _overheads(trace: Trace, costs: Costs) -> tuple[float, float]:
     A hop is the gap between the end of the action producing a microbatch's tensors and
     the start of the action consuming them on another rank, when that rank was idle.
     """
-    events = sorted(trace.events, key=lambda e: e.start)
-    over = [e.end - e.start - costs.duration(e.kind) for e in events]
-    by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
-    last = max(e.stage for e in events)
-    hops = []
-    for e in events:
-        if e.kind == "F" and e.stage > 0:
-            src = by_key[e.stage - 1, "F", e.microbatch]
-        elif e.kind in "IB" and e.stage < last:
-            src = (
-                by_key.get((e.stage + 1, "I", e.microbatch))
-                or by_key[e.stage + 1, "B", e.microbatch]
-            )
-        else:
-            continue
-        if src.rank == e.rank:
-            continue
-        free = max((x.end for x in events if x.rank == e.rank and x.end <= e.start), default=0.0)
-        if src.end >= free:  # the consumer was waiting for these tensors
-            hops.append(e.start - src.end)
-    return statistics.median(over), max(0.0, statistics.median(hops)) if hops else 0.0
+    over = [e.end - e.start - costs.duration(e.kind) for e in trace.events]
+    return statistics.median(over), hop_latency(trace.events)
 
 
 def part1(rounds: int, backend: str) -> None:
@@ -173,18 +155,6 @@ def _transformer_rank(names: tuple[str, ...], rounds: int, m: int) -> dict:
     return {"traces": traces, "plain": plain[1:]}
 
 
-def _measured_costs(trace: Trace) -> list[Costs]:
-    """Per stage: median F, I, W (I and W of a B split evenly) seen in the run."""
-    out = []
-    for s in sorted({e.stage for e in trace.events}):
-        by = {k: [e.end - e.start for e in trace.events if e.stage == s and e.kind == k]
-              for k in "FIWB"}  # fmt: skip
-        med = {k: statistics.median(v) if v else 0.0 for k, v in by.items()}
-        i, w = (med["I"], med["W"]) if by["I"] else (med["B"] / 2, med["B"] / 2)
-        out.append(Costs(F=med["F"], I=i, W=w))
-    return out
-
-
 def part2(rounds: int) -> None:
     names, m = ("gpipe", "1f1b", "zb-h1"), 4
     out = launch(_transformer_rank, names, rounds, m, nprocs=2, timeout=600)
@@ -198,7 +168,7 @@ def part2(rounds: int) -> None:
         spans = [t.makespan for t in traces]
         med = statistics.median(spans)
         best = traces[spans.index(min(spans, key=lambda s: abs(s - med)))]
-        sim = simulate(build_schedule(name, pp=2, microbatches=m), _measured_costs(best))
+        sim = simulate(build_schedule(name, pp=2, microbatches=m), measured_costs(best.events, 2))
         print(f"{name:>10} {med * 1e3:8.1f} {plain / med:8.2f}x {sim.makespan * 1e3:7.1f} "
               f"{med / sim.makespan:9.3f}")  # fmt: skip
 

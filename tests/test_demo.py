@@ -18,6 +18,7 @@ import torch
 from zbkit import _report, demo
 from zbkit.models import TinyTransformer, split_stages
 from zbkit.schedules import Costs, bubble_rate, build_schedule, simulate
+from zbkit.schedules.measure import hop_latency, measured_costs
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -96,11 +97,11 @@ def test_measured_numbers_read_a_simulation_back():
     schedule = build_schedule("zb-h1", pp=3, microbatches=6)
     costs = [Costs(F=1.0 + s, I=2.0, W=0.5, comm=0.25) for s in range(3)]
     sim = simulate(schedule, costs)
-    got = _report.measured_costs(sim.events, 3, comm=_report.hop_latency(sim.events))
+    got = measured_costs(sim.events, 3, comm=hop_latency(sim.events))
     assert got == costs
     assert bubble_rate(sim.events) == pytest.approx(sim.bubble_rate)
     b = simulate(build_schedule("1f1b", pp=3, microbatches=6), Costs(F=1, I=2, W=2))
-    assert [c.I for c in _report.measured_costs(b.events, 3)] == [2.0, 2.0, 2.0]  # B = I + W
+    assert [c.I for c in measured_costs(b.events, 3)] == [2.0, 2.0, 2.0]  # B = I + W
     assert _report.grad_difference([{"a": torch.ones(2)}], {"a": torch.zeros(2)}) == 1.0
     assert _report.grad_difference([{"a": None}], {"a": torch.zeros(2)}) == float("inf")
     assert _report.grad_difference([{}], {"a": torch.zeros(2)}) == float("inf")

@@ -3,8 +3,8 @@
 A measured trace and a simulation have the same events ``(rank, stage, kind, microbatch,
 start, end)``, so everything here reads both the same way:
 
-- ``measured_costs``: per stage, the median F, I and W a run took (what to simulate with);
-- ``hop_latency``: how long a tensor took from one rank to the next (the simulator's ``comm``);
+- per stage, the median F, I and W a run took and the hop latency between ranks
+  (``zbkit.schedules.measure``): what to simulate with;
 """
 
 from __future__ import annotations
@@ -23,56 +23,8 @@ import graphviz
 import torch
 
 from zbkit.pipeline import Trace
-from zbkit.schedules import Costs, Event, Schedule, Simulation, bubble_rate, simulate
-
-
-def measured_costs(events: Iterable[Event], num_stages: int, comm: float = 0.0) -> list[Costs]:
-    """Per stage: the median F, I and W seen (a B, the unsplit backward, counts half to each)."""
-    times: dict[tuple[int, str], list[float]] = {}
-    for e in events:
-        times.setdefault((e.stage, e.kind), []).append(e.end - e.start)
-    med = {key: statistics.median(v) for key, v in times.items()}
-    out = []
-    for s in range(num_stages):
-        if (s, "F") not in med:
-            raise ValueError(f"no F of stage {s} in the trace: was it recorded on every rank?")
-        if (s, "I") in med:
-            i, w = med[s, "I"], med.get((s, "W"), 0.0)
-        else:
-            i = w = med.get((s, "B"), 0.0) / 2
-        out.append(Costs(F=med[s, "F"], I=i, W=w, comm=comm))
-    return out
-
-
-def _producer(e: Event, by_key: dict, last: int) -> Event | None:
-    """The action whose tensors ``e`` consumes: F(s-1) for an F, I or B of s+1 for an I or B."""
-    if e.kind == "F" and e.stage > 0:
-        return by_key.get((e.stage - 1, "F", e.microbatch))
-    if e.kind in "IB" and e.stage < last:
-        return by_key.get((e.stage + 1, "I", e.microbatch)) or by_key.get(
-            (e.stage + 1, "B", e.microbatch)
-        )
-    return None
-
-
-def hop_latency(events: Sequence[Event]) -> float:
-    """Median seconds from a producer's end to its consumer's start on another rank, counted
-    only where the consumer's rank sat idle waiting for it (else the gap is not the wire's)."""
-    by_key = {(e.stage, e.kind, e.microbatch): e for e in events}
-    last = max((e.stage for e in events), default=0)
-    free: dict[Event, float] = {}  # event -> when its rank finished the action before it
-    for rank in {e.rank for e in events}:
-        mine = sorted((e for e in events if e.rank == rank), key=lambda e: e.start)
-        for before, e in zip([None, *mine], mine, strict=False):
-            free[e] = before.end if before is not None else float("-inf")
-    hops = [
-        e.start - src.end
-        for e in events
-        if (src := _producer(e, by_key, last)) is not None
-        and src.rank != e.rank
-        and src.end >= free[e]
-    ]
-    return max(0.0, statistics.median(hops)) if hops else 0.0
+from zbkit.schedules import Costs, Schedule, Simulation, bubble_rate, simulate
+from zbkit.schedules.measure import hop_latency, measured_costs
 
 
 def grad_difference(per_rank: Sequence[dict], expected: dict[str, torch.Tensor]) -> float:

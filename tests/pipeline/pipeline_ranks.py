@@ -11,6 +11,7 @@ from pipeline_models import batch, loss_fn, make_stages, oracle, schedule
 
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.schedules import Costs, simulate
+from zbkit.schedules.measure import by_key, input_producer
 
 
 def _device(backend: str) -> torch.device:
@@ -39,21 +40,12 @@ def _remember(seen: list) -> object:
 
 def _causality_violations(trace, last: int) -> list[str]:
     """Consumers that start before their producer ended: impossible on a shared clock."""
-    by_key = {(e.stage, e.kind, e.microbatch): e for e in trace.events}
-    bad = []
-    for e in trace.events:
-        if e.kind == "F" and e.stage > 0:
-            src = by_key[e.stage - 1, "F", e.microbatch]
-        elif e.kind in "IB" and e.stage < last:
-            src = (
-                by_key.get((e.stage + 1, "I", e.microbatch))
-                or by_key[e.stage + 1, "B", e.microbatch]
-            )
-        else:
-            continue
-        if e.start < src.end:
-            bad.append(f"{e.stage}{e.kind}{e.microbatch} starts before its input is made")
-    return bad
+    keyed = by_key(trace.events)
+    return [
+        f"{e.stage}{e.kind}{e.microbatch} starts before its input is made"
+        for e in trace.events
+        if (src := input_producer(e, keyed, last)) is not None and e.start < src.end
+    ]
 
 
 def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list[dict]:
