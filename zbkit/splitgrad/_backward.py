@@ -6,6 +6,10 @@
        recorded gradients) and from outputs outside the input closure, to the
        group's parameters. AccumulateGrad adds into `.grad` as usual.
 
+One exception: a normalisation node (LayerNorm, GroupNorm) whose parameters
+only it uses gets its weight gradients in I, from the same kernel call as its
+input gradient (see _EAGER_NODES); W then only adds them into `.grad`.
+
 After I then W every `.grad` equals what one `torch.autograd.backward` gives.
 """
 
@@ -16,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.graph import Node, get_gradient_edge
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node
@@ -108,6 +112,41 @@ def stage_backward_full(
     return result
 
 
+# Nodes whose weight half is cheap next to what splitting it off costs. A
+# LayerNorm's weight gradients are two row reductions (O(N*d), like its input
+# half), but computed alone in W they first recompute the normalised input, and
+# W needs the node's incoming gradient (N*d floats) kept alive from I. So I asks
+# for them too: one fused kernel call, exactly as plain backward makes it, and
+# only two d-sized gradients wait for W. Matmul-like nodes stay split: their
+# weight half is the expensive part that W exists to defer.
+_EAGER_NODES = frozenset({"NativeLayerNormBackward0", "NativeGroupNormBackward0"})
+
+
+def _eager_edges(
+    group: ParamGroup, reverse: dict[Node, list[Node]], weight_of: dict[Node, torch.Tensor]
+) -> list[GradientEdge]:
+    """The parameter edges of a group whose weight half I may compute ([] if not eligible).
+
+    Eligible: one intermediate of a type in _EAGER_NODES, no outputs outside the
+    input closure, and every parameter of the group a leaf fed by that node
+    alone (so capturing its edge in I sees exactly what plain backward would
+    deliver) and without tensor hooks (capturing runs them; W would run them again).
+    """
+    if len(group.intermediates) != 1 or group.roots or group.needs_both_directions:
+        return []
+    node = group.intermediates[0]
+    if type(node).__name__ not in _EAGER_NODES:
+        return []
+    edges = []
+    for k in group.exits[0]:
+        param, nr = node.next_functions[k]
+        leaf = getattr(param, "variable", None)  # only AccumulateGrad nodes have it
+        if leaf is None or reverse.get(param) != [node] or leaf._backward_hooks:
+            return []
+        edges.append(GradientEdge(param, nr))
+    return edges if len(edges) == len(group.params) else []
+
+
 def _capture(slots: list, i: int, grad_outputs: tuple) -> None:
     slots[i] = grad_outputs  # the whole tuple: one gradient per output edge of the node
 
@@ -153,6 +192,9 @@ def stage_backward_input(
     edges_at: dict[Node, list[int]] = {}
     for k, e in enumerate(out_edges):
         edges_at.setdefault(e.node, []).append(k)
+    wanted = [x for x in inputs if x.requires_grad]
+    run_i = bool(wanted and tensors)  # first stage: nothing to do here, W does it all
+    eager: list[ParamGroup] = []  # groups whose weight half I computes (see _EAGER_NODES)
     handles = []
     try:
         for group in groups:
@@ -162,19 +204,26 @@ def stage_backward_input(
                     group.root_edges.append(out_edges[k])
                     group.root_grads.append(grads[k])
             group.grads = [None] * len(group.intermediates)
+            group.ready_edges = _eager_edges(group, reverse, weight_of) if run_i else []
+            if group.ready_edges:
+                eager.append(group)
+                continue  # nothing to capture: I hands W the parameter gradients
             for i, node in enumerate(group.intermediates):
                 handles.append(node.register_prehook(functools.partial(_capture, group.grads, i)))
 
-        wanted = [x for x in inputs if x.requires_grad]
         found: tuple = ()
-        if wanted and tensors:  # first stage: nothing to do here, W does it all
+        if run_i:
+            ready = [e for group in eager for e in group.ready_edges]
             with grad_directions(GradDirection.INPUT):
                 found = torch.autograd.grad(
-                    tensors, wanted, grads, retain_graph=True, allow_unused=True
+                    tensors, [*wanted, *ready], grads, retain_graph=True, allow_unused=True
                 )
+            ready_grads = iter(found[len(wanted) :])
+            for group in eager:
+                group.ready_grads = [next(ready_grads) for _ in group.ready_edges]
     finally:
         for h in handles:
             h.remove()  # hooks hold the groups; removing them breaks the cycle
-    found_iter = iter(found)
+    found_iter = iter(found[: len(wanted)])
     input_grads = [next(found_iter, None) if x.requires_grad else None for x in inputs]
     return BackwardInputResult(input_grads=input_grads, param_groups=groups)

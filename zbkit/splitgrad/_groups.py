@@ -47,6 +47,11 @@ class ParamGroup:
     # per intermediate: indices of its output edges (next_functions) that lead to
     # this group's params, i.e. the edges W needs from it
     exits: list[list[int]] = field(default_factory=list, repr=False)
+    # filled by stage_backward_input for a group whose weight half I computed on
+    # the way (a LayerNorm's, see _backward._eager_edges): the parameter edges
+    # and their gradients, which W only delivers into `.grad`
+    ready_edges: list = field(default_factory=list, repr=False)
+    ready_grads: list = field(default_factory=list, repr=False)
 
 
 def _find(parent: list[int], i: int) -> int:

@@ -52,6 +52,8 @@ def _release(group: ParamGroup) -> None:
     group.root_grads = []
     group.tensors = []
     group.exits = []
+    group.ready_edges = []
+    group.ready_grads = []
 
 
 def _check_pending(group: ParamGroup) -> None:
@@ -98,8 +100,44 @@ def _batchable(group: ParamGroup) -> bool:
     )
 
 
-def _run_batched(groups: list[ParamGroup], retain_graph: bool) -> None:
-    """Batched path: weight halves of many single-intermediate groups, two engine calls."""
+def _run_batched(groups: list[ParamGroup], ready: list[ParamGroup], retain_graph: bool) -> None:
+    """Batched path: weight halves of many single-intermediate groups, two engine calls.
+
+    `ready` groups had their weight gradients computed in I: they only join the
+    delivery (no replay at all when every group is ready).
+    """
+    edges, grads, params = [], [], []
+    if groups:
+        for g, out, exits in zip(groups, *_replay(groups), strict=True):
+            params += g.tensors
+            for k, (n, nr) in zip(g.exits[0], exits, strict=True):
+                if out[k] is not None:
+                    edges.append(GradientEdge(n, nr))
+                    grads.append(out[k])
+            _release(g)
+    for g in ready:
+        params += g.tensors
+        for edge, grad in zip(g.ready_edges, g.ready_grads, strict=True):
+            if grad is not None:  # None: no gradient reached the node in I
+                edges.append(edge)
+                grads.append(grad)
+        _release(g)
+    if edges:
+        # the engine's own entry point: it reduces broadcast gradients (a bias)
+        # to the shape each node expects, like a normal backward does
+        _engine_run_backward(
+            tuple(edges),
+            tuple(grads),
+            retain_graph,
+            False,  # create_graph
+            tuple(params),
+            allow_unreachable=True,
+            accumulate_grad=True,
+        )
+
+
+def _replay(groups: list[ParamGroup]) -> tuple[list, list]:
+    """Call each group's intermediate for its weight half: (outputs, exit edges) per group."""
     nodes = [g.intermediates[0] for g in groups]
     exit_edges = [
         [node.next_functions[k] for k in g.exits[0]] for g, node in zip(groups, nodes, strict=True)
@@ -121,27 +159,7 @@ def _run_batched(groups: list[ParamGroup], retain_graph: bool) -> None:
         torch.autograd.grad(trigger, [*wanted, anchor], torch.zeros(()), allow_unused=True)
     finally:
         handle.remove()
-
-    edges, grads, params = [], [], []
-    for g, out, exits in zip(groups, results, exit_edges, strict=True):
-        params += g.tensors
-        for k, (n, nr) in zip(g.exits[0], exits, strict=True):
-            if out[k] is not None:
-                edges.append(GradientEdge(n, nr))
-                grads.append(out[k])
-        _release(g)
-    if edges:
-        # the engine's own entry point: it reduces broadcast gradients (a bias)
-        # to the shape each node expects, like a normal backward does
-        _engine_run_backward(
-            tuple(edges),
-            tuple(grads),
-            retain_graph,
-            False,  # create_graph
-            tuple(params),
-            allow_unreachable=True,
-            accumulate_grad=True,
-        )
+    return results, exit_edges
 
 
 def stage_backward_weight(
@@ -160,13 +178,15 @@ def stage_backward_weight(
     # A group with several intermediates replays the C path between them, which
     # may cross other groups' intermediates: run those first and keep the graph.
     # A group with one intermediate only touches its own nodes, so it may free them.
-    shared = [g for g in param_groups if len(g.intermediates) > 1]
-    batched = [g for g in param_groups if len(g.intermediates) <= 1 and _batchable(g)]
-    single = [g for g in param_groups if len(g.intermediates) <= 1 and not _batchable(g)]
+    ready = [g for g in param_groups if g.ready_edges]  # weight half already done in I
+    rest = [g for g in param_groups if not g.ready_edges]
+    shared = [g for g in rest if len(g.intermediates) > 1]
+    batched = [g for g in rest if len(g.intermediates) <= 1 and _batchable(g)]
+    single = [g for g in rest if len(g.intermediates) <= 1 and not _batchable(g)]
     for group in shared:
         _run_group(group, retain_graph=True)
     for group in single:
         _run_group(group, retain_graph=retain_graph)
-    if batched:
-        _run_batched(batched, retain_graph)
+    if batched or ready:
+        _run_batched(batched, ready, retain_graph)
     return tuple(w.grad for w in weights)
