@@ -142,6 +142,11 @@ def _replay(groups: list[ParamGroup]) -> tuple[list, list]:
     exit_edges = [
         [node.next_functions[k] for k in g.exits[0]] for g, node in zip(groups, nodes, strict=True)
     ]
+    # the shape each exit edge's node expects: a Linear's bias gradient comes out
+    # of AddmmBackward unreduced (as big as the captured gradient, often aliasing
+    # it); reducing it right away, as the engine would, frees the capture now
+    # instead of after the last group, so W's own allocations reuse that memory
+    shapes = [[tuple(n._input_metadata[nr].shape) for n, nr in edges] for edges in exit_edges]
     results: list = [None] * len(groups)
 
     def replay(_grad_outputs: tuple) -> None:
@@ -149,7 +154,12 @@ def _replay(groups: list[ParamGroup]) -> tuple[list, list]:
         # exit edges as needed, so each node skips its input half
         for i, (g, node) in enumerate(zip(groups, nodes, strict=True)):
             captured, g.grads = g.grads[0], None  # free each captured gradient once used
-            results[i] = node(*captured)
+            out = list(node(*captured))
+            del captured
+            for k, shape in zip(g.exits[0], shapes[i], strict=True):
+                if out[k] is not None and out[k].shape != shape:
+                    out[k] = out[k].sum_to_size(shape)  # what the engine's check would do
+            results[i] = out
 
     anchor = torch.zeros((), requires_grad=True)  # a one-node graph to hang `replay` on
     trigger = anchor.view_as(anchor)
