@@ -15,7 +15,11 @@ plain `torch.autograd.backward`, and torch.distributed.pipelining's
 `stage_backward_input` + `stage_backward_weight`.
 
 `--ablate` also times zbkit with the W pass forced through one engine call
-per parameter group (the way torch and the seed do it).
+per parameter group (the way torch and the seed do it), and with LayerNorm
+weight halves left to W. A second line per stage gives the ratios on user CPU
+time alone and the median minor page faults per backward (see below);
+`--keep-heap` is a diagnostic that tells glibc never to give freed memory back
+to the kernel (process-wide, so every variant), which removes those faults.
 
 What each idea bought (2-core machine shared with other jobs, load 3-6, so
 +-10% noise; medians of 20-30 paired repetitions):
@@ -39,15 +43,47 @@ What each idea bought (2-core machine shared with other jobs, load 3-6, so
 - Batching groups into one engine call whose roots cannot reach each other's
   params: not possible on these stages; in a residual stack every later
   group's roots reach every earlier group's params through the input path.
-- What is left on (a): the analysis (~2 ms), 144 capture hooks in I and 144
-  direct node calls in W (~7 us each). On (b) both split implementations sit
-  around 1.03-1.10x: the LayerNorm backward runs twice (each half recomputes
-  the normalised input) and captured gradients stay alive between I and W.
+- Where (b)'s extra time went (measured per op with a dispatch mode timing
+  thread CPU time, per node with page-fault counts, and with getrusage): not
+  in the ops. Every matmul, GELU and bias reduction runs exactly once and costs
+  the same in I/W as in plain (+-1%); the Python analysis is ~0.8 ms (0.5%).
+  The LayerNorm backward ran twice (~0.15 ms per block). The rest, 5-10% of
+  (b), was system time: first-touch page faults. A split must keep each
+  block's (N x 4d) gradient at the up-projection alive from I to W (4 MB per
+  block here), while plain backward reuses memory it frees as it goes; glibc
+  returns freed heap to the kernel after every iteration, so each I faults
+  ~24 MB of fresh pages in again (6000 faults, ~8-10 ms of CPU time).
+  With `--keep-heap` the faults vanish and zbkit I+W is 1.01x plain (torch
+  1.03x), so the split itself is nearly free in work.
+- LayerNorm weight halves in I (zbkit/splitgrad/_backward.py, _EAGER_NODES):
+  I asks for a LayerNorm's weight gradients in the same fused kernel call as
+  its input gradient, exactly what plain backward computes, and W only adds
+  them to `.grad`. No recompute, and W no longer needs the node's incoming
+  gradient (N x d), so I holds 1 MB less per block. Side by side in one
+  process (40 paired repetitions, process CPU time) against the version
+  before this and the next idea: (b) 1.12x -> 1.07x plain (new/old 0.96x);
+  (a) 1.61x -> 1.58x. `ablation zbkit-no-eager-LN` shows this one alone.
+- Reducing a Linear's bias gradient (`sum_to_size`, what the engine's own
+  check does) right after each replayed node: AddmmBackward returns it
+  unreduced, aliasing the captured (N x 4d) gradient, which therefore stayed
+  alive until the last group. Now each capture is freed as its node runs and
+  W's weight gradients reuse that memory: W's page faults on (b) ~2000 -> 0.
+- What is left: on (a) the analysis (~2 ms), 144 capture hooks in I and 144
+  direct node calls in W (~7 us each). On (b) the page faults of the held
+  gradients (inherent to deferring W, torch's split pays them too) and the
+  residual sum in I, which cannot be done in place because W still needs the
+  gradient it would overwrite. Releasing what only I needed (GELU's saved
+  input, 4 MB per block, the same size as what W must keep) would remove the
+  faults, but `stage_backward_weight(retain_graph=True)` promises a graph
+  that plain backward can still run through, and I cannot know which the
+  caller will ask for; that would need an option on `stage_backward_input`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import resource
 import statistics
 import time
 
@@ -56,6 +92,7 @@ from torch import nn
 from torch.distributed.pipelining import _backward as torch_split
 
 from zbkit.models import ResidualMLPBlock
+from zbkit.splitgrad import _backward as split_backward
 from zbkit.splitgrad import _weight as split_weight
 from zbkit.splitgrad import stage_backward_input, stage_backward_weight
 
@@ -69,28 +106,38 @@ CONFIGS = {
 }
 
 
+def _timed(run) -> tuple[float, int, float]:
+    """(CLOCK seconds, minor page faults, user CPU seconds) of `run()`."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), CLOCK()
+    run()
+    t1, r1 = CLOCK(), resource.getrusage(resource.RUSAGE_SELF)
+    return t1 - t0, r1.ru_minflt - r0.ru_minflt, r1.ru_utime - r0.ru_utime
+
+
 def _plain(model, x, g):
     out = model(x)
-    t0 = CLOCK()
-    torch.autograd.backward([out], [g])
-    return CLOCK() - t0
+    return _timed(lambda: torch.autograd.backward([out], [g]))
 
 
 def _ours(model, x, g):
     out = model(x)
     params = [p for p in model.parameters() if p.requires_grad]
-    t0 = CLOCK()
-    res = stage_backward_input([out], [g], [x], params)
-    stage_backward_weight(params, res.param_groups)
-    return CLOCK() - t0
+
+    def run():
+        res = stage_backward_input([out], [g], [x], params)
+        stage_backward_weight(params, res.param_groups)
+
+    return _timed(run)
 
 
 def _torch(model, x, g):
     out = model(x)
-    t0 = CLOCK()
-    _, groups = torch_split.stage_backward_input([out], [g], [x], model.parameters())
-    torch_split.stage_backward_weight(model.parameters(), groups)
-    return CLOCK() - t0
+
+    def run():
+        _, groups = torch_split.stage_backward_input([out], [g], [x], model.parameters())
+        torch_split.stage_backward_weight(model.parameters(), groups)
+
+    return _timed(run)
 
 
 def _ours_engine_only(model, x, g):
@@ -102,30 +149,52 @@ def _ours_engine_only(model, x, g):
         split_weight._batchable = batchable
 
 
+def _ours_no_eager(model, x, g):
+    # ablation: LayerNorm weight halves split off to W like every other node
+    eager, split_backward._eager_edges = split_backward._eager_edges, lambda *a: []
+    try:
+        return _ours(model, x, g)
+    finally:
+        split_backward._eager_edges = eager
+
+
 VARIANTS = {"plain": _plain, "zbkit": _ours, "torch": _torch}
-ABLATIONS = {"zbkit-engine-W": _ours_engine_only}
+ABLATIONS = {"zbkit-engine-W": _ours_engine_only, "zbkit-no-eager-LN": _ours_no_eager}
 
 
-def measure(cfg: dict, reps: int, variants: dict) -> dict[str, list[float]]:
+def measure(cfg: dict, reps: int, variants: dict) -> dict[str, list[tuple[float, int, float]]]:
+    """Per variant, per repetition: (time, minor page faults, user CPU time)."""
     torch.manual_seed(0)
     model = nn.Sequential(*(ResidualMLPBlock(cfg["dim"]) for _ in range(cfg["blocks"])))
     g = torch.randn(cfg["shape"])
-    times: dict[str, list[float]] = {k: [] for k in variants}
+    times: dict[str, list[tuple[float, int, float]]] = {k: [] for k in variants}
     names = list(variants)
     for rep in range(reps + 3):  # 3 warm-up repetitions, dropped
         r = rep % len(names)
         for k in names[r:] + names[:r]:  # rotate who goes first
             x = torch.randn(cfg["shape"], requires_grad=True)
             model.zero_grad(set_to_none=True)
-            dt = variants[k](model, x, g)
+            sample = variants[k](model, x, g)
             if rep >= 3:
-                times[k].append(dt)
+                times[k].append(sample)
     return times
 
 
-def ratio(t: dict[str, list[float]], a: str, b: str) -> float:
+def _keep_freed_heap() -> None:
+    """glibc: never give freed heap back to the kernel (process-wide; a diagnostic)."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt parameter numbers, malloc.h
+    if not (libc.mallopt(m_trim_threshold, 2**31 - 1) and libc.mallopt(m_mmap_threshold, 2**25)):
+        raise RuntimeError("mallopt failed: --keep-heap needs glibc")
+
+
+def ratio(t: dict[str, list[tuple]], a: str, b: str, field: int = 0) -> float:
     """Median over repetitions of time(a) / time(b), each pair from the same repetition."""
-    return statistics.median(x / y for x, y in zip(t[a], t[b], strict=True))
+    return statistics.median(x[field] / y[field] for x, y in zip(t[a], t[b], strict=True))
+
+
+def faults(t: dict[str, list[tuple]], a: str) -> int:
+    return int(statistics.median(x[1] for x in t[a]))
 
 
 def main() -> None:
@@ -136,10 +205,19 @@ def main() -> None:
         "--cpu-time", action="store_true", help="time with process CPU time instead of wall time"
     )
     parser.add_argument(
-        "--ablate", action="store_true", help="also time W with one engine call per group"
+        "--ablate",
+        action="store_true",
+        help="also time W with one engine call per group, and without LayerNorm halves in I",
+    )
+    parser.add_argument(
+        "--keep-heap",
+        action="store_true",
+        help="diagnostic: glibc keeps freed memory (no page faults on reuse), see docstring",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.keep_heap:
+        _keep_freed_heap()
     global CLOCK
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
     print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}, {args.reps} reps")
@@ -148,14 +226,24 @@ def main() -> None:
             continue
         variants = VARIANTS | (ABLATIONS if args.ablate else {})
         t = measure(cfg, args.reps, variants)
+        plain_ms = statistics.median(x[0] for x in t["plain"]) * 1e3
         print(
-            f"({key}) {cfg['label']}: plain {statistics.median(t['plain']) * 1e3:.2f} ms | "
+            f"({key}) {cfg['label']}: plain {plain_ms:.2f} ms | "
             f"zbkit I+W / plain = {ratio(t, 'zbkit', 'plain'):.2f}x | "
             f"torch I+W / plain = {ratio(t, 'torch', 'plain'):.2f}x | "
             f"zbkit / torch = {ratio(t, 'zbkit', 'torch'):.2f}x"
         )
+        print(
+            f"    user CPU time only: zbkit / plain = {ratio(t, 'zbkit', 'plain', 2):.2f}x, "
+            f"torch / plain = {ratio(t, 'torch', 'plain', 2):.2f}x | minor page faults per "
+            f"backward: plain {faults(t, 'plain')}, zbkit {faults(t, 'zbkit')}, "
+            f"torch {faults(t, 'torch')}"
+        )
         for k in ABLATIONS if args.ablate else ():
-            print(f"    ablation {k} / plain = {ratio(t, k, 'plain'):.2f}x")
+            print(
+                f"    ablation {k} / plain = {ratio(t, k, 'plain'):.2f}x "
+                f"(user CPU only {ratio(t, k, 'plain', 2):.2f}x, {faults(t, k)} faults)"
+            )
 
 
 if __name__ == "__main__":
