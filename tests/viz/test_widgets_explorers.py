@@ -131,7 +131,7 @@ def test_run_viewer_shows_a_real_trace_beside_its_simulation():
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"])
 def test_closed_forms_shown_agree_with_the_simulator(name):
-    from zbkit.widgets._closed_form import bubble, peak_memory
+    from zbkit.schedules.formulas import bubble, peak_memory
 
     checked = 0
     for f, i, w in [(1, 1, 1), (1, 2, 1), (2, 2, 1), (3, 2, 1.5), (1, 1, 2)]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zbkit.schedules._formulas import closed_form
 from zbkit.schedules.builders import SCHEDULES, build_schedule
+from zbkit.schedules.formulas import bubble
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs, simulate
 from zbkit.schedules.validate import validate
@@ -54,11 +54,12 @@ def main(args: argparse.Namespace) -> int:
     print(schedule.to_grid())
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g})")
-    formula = closed_form(
-        schedule.name, schedule.pp, schedule.microbatches, costs, schedule.stages_per_rank
+    # the formulas leave communication out, so they are shown only when comm = 0
+    form = bubble(
+        schedule.name, schedule.pp, schedule.microbatches, schedule.stages_per_rank, costs
     )
-    if formula is not None:
-        print(f"closed form: {formula[1]:.4f}  ({formula[0]})")
+    if form is not None and not costs.comm:
+        print(f"closed form: {form.rate:.4f}  ({form.formula} idle per rank)")
     print("peak memory per rank:", ", ".join(f"{m:.4g}" for m in sim.peak_memory))
     if args.save:
         schedule.save(args.save)

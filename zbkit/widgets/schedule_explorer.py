@@ -12,8 +12,8 @@ from typing import Any
 import ipywidgets as w
 
 from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.viz import plot_schedule
-from zbkit.widgets._closed_form import bubble, peak_memory
 from zbkit.widgets._common import table_html
 
 _DPI = 72  # the explorer redraws often: a smaller bitmap keeps it under 200 ms

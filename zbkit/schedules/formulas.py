@@ -1,4 +1,5 @@
-"""Textbook bubble and memory formulas, shown beside the simulator's numbers.
+"""Textbook bubble and memory formulas, shown beside the simulator's numbers (by the
+`zbkit schedule` command and the ScheduleExplorer widget).
 
 Costs are per stage and microbatch; a rank holding v stages does m * v * (F + I + W) work,
 so a bubble of `b` time units gives the rate b / (b + m * v * (F + I + W)). The formulas
@@ -26,6 +27,8 @@ def bubble(name: str, pp: int, m: int, v: int, costs: Any) -> ClosedForm | None:
         formula, value = "(p-1)(F+I+W)", p1 * (f + i + w)
     elif name == "zb-h1" and w <= min(f, i):
         formula, value = "(p-1)(F+I-W)", p1 * (f + i - w)
+    elif name == "zb-h2" and f == i == w and m >= 2 * pp - 1:
+        formula, value = "0 (F = I = W, m >= 2p-1)", 0.0
     elif name == "zb-h2" and m >= 2 * pp:  # needs enough microbatches to fill the warm-up
         formula, value = "max(0, (p-1)(F+I-2W))", max(0.0, p1 * (f + i - 2 * w))
     elif name == "zb-v" and f == i == w and m >= 2 * pp:
