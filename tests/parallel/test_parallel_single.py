@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from zbkit.parallel import (
+    BACKENDS,
     BackendFactory,
     DDPBackend,
     SingleBackend,
@@ -146,8 +147,9 @@ def test_usage_errors_are_clear() -> None:
             create_backend("single", grad_accum_steps=bad)
 
 
-def test_factory_names_duplicates_and_options() -> None:
-    assert {"ddp", "fsdp", "single"} <= set(BackendFactory.names())
+def test_registry_is_a_plain_dict_and_options_are_checked() -> None:
+    assert {"ddp", "fsdp", "single"} <= set(BACKENDS)
+    assert BACKENDS["ddp"] is DDPBackend and BACKENDS["single"] is SingleBackend
     with pytest.raises(ValueError, match="unknown backend 'dpp'; known backends: .*ddp.*single"):
         create_backend("dpp")
     with pytest.raises(TypeError, match="unknown option.*grad_acum_steps.*accepts: grad_accum"):
@@ -158,31 +160,46 @@ def test_factory_names_duplicates_and_options() -> None:
         create_backend("ddp", no_such_thing=1)
     with pytest.raises(TypeError, match="sets device_ids itself"):
         create_backend("ddp", device_ids=[0])
-    with pytest.raises(ValueError, match="'single' is already registered"):
-        BackendFactory.register("single")(SingleBackend)
-    with pytest.raises(ValueError, match="'fsdp' is already registered"):  # even if not imported
-        BackendFactory.register("fsdp")(SingleBackend)
 
-    @BackendFactory.register("test-mine")
     class Mine(TrainingBackend):
+        name = "test-mine"
+
         def __init__(self, grad_accum_steps: int = 1, *, tag: str = "") -> None:
             super().__init__(grad_accum_steps)
             self.tag = tag
 
+    BACKENDS["test-mine"] = Mine  # a notebook's own backend: one dict entry
     try:
         made = create_backend("test-mine", grad_accum_steps=2, tag="x")
         assert isinstance(made, Mine) and made.tag == "x" and made.grad_accum_steps == 2
         with pytest.raises(
-            TypeError, match="unknown option.*colour.*accepts: grad_accum_steps, tag"
+            TypeError,
+            match="'test-mine' got unknown option.*colour.*accepts: grad_accum_steps, tag",
         ):
             create_backend("test-mine", colour=1)
     finally:
-        BackendFactory.unregister("test-mine")
-    assert "test-mine" not in BackendFactory.names()
+        del BACKENDS["test-mine"]
     with pytest.raises(TypeError, match="unknown option.*bucket_cap_mb.*reshard_after_forward"):
         create_backend("fsdp", bucket_cap_mb=1)
     ddp = create_backend("ddp", grad_accum_steps=3, bucket_cap_mb=1)
     assert isinstance(ddp, DDPBackend) and ddp.grad_accum_steps == 3
+
+
+def test_backend_factory_is_a_deprecated_view_of_the_dict() -> None:
+    with pytest.warns(DeprecationWarning, match="plain dict zbkit.parallel.BACKENDS"):
+        assert BackendFactory.names() == sorted(BACKENDS)
+    with pytest.warns(DeprecationWarning, match="use create_backend"):
+        assert isinstance(BackendFactory.create("single"), SingleBackend)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="'fsdp' is already"):
+        BackendFactory.register("fsdp")(SingleBackend)  # even before fsdp is imported
+    with pytest.warns(DeprecationWarning, match="BACKENDS\\[name\\] = cls"):
+        BackendFactory.register("test-old")(SingleBackend)
+    try:
+        assert BACKENDS["test-old"] is SingleBackend
+    finally:
+        with pytest.warns(DeprecationWarning, match="del BACKENDS"):
+            BackendFactory.unregister("test-old")
+    assert "test-old" not in BACKENDS
 
 
 def test_ddp_backend_errors_without_a_process_group() -> None:

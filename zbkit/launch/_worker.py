@@ -99,10 +99,10 @@ def _init_distributed(backend: str) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
+    from zbkit.parallel.process_group import init_process_group
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     port = int(os.environ["MASTER_PORT"])
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # rank k owns GPU k
     store_fd = os.environ.pop("ZBKIT_STORE_FD", None)
     if store_fd is not None:  # rank 0: serve the store on the socket the caller bound
         os.set_inheritable(int(store_fd), False)  # user subprocesses must not hold the port
@@ -116,7 +116,9 @@ def _init_distributed(backend: str) -> tuple[Any, Any]:
         )
     else:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    # The one initialiser zbkit has (torchrun's path uses it too); with nccl it first
+    # selects cuda:LOCAL_RANK, and the launcher sets LOCAL_RANK = rank: rank k owns GPU k.
+    init_process_group(backend, rank=rank, world_size=world, store=store)
     return torch, dist
 
 

@@ -32,7 +32,6 @@ from zbkit.parallel.accumulate import (
     AccumulatingLoader,
     GradientWindow,
 )
-from zbkit.parallel.factory import BackendFactory
 from zbkit.parallel.process_group import get_world_size
 
 
@@ -193,7 +192,6 @@ class TrainingBackend:
         return f"{type(self).__name__}(grad_accum_steps={self.grad_accum_steps})"
 
 
-@BackendFactory.register("single")
 class SingleBackend(TrainingBackend):
     """One process, no communication; accumulation only."""
 
@@ -203,7 +201,6 @@ class SingleBackend(TrainingBackend):
 _DDP_CHOSEN_BY_BACKEND = ("module", "device_ids", "output_device")
 
 
-@BackendFactory.register("ddp")
 class DDPBackend(TrainingBackend):
     """DistributedDataParallel: each rank holds a replica; gradients are averaged.
 

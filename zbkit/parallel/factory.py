@@ -1,72 +1,83 @@
 """Backends by name: `create_backend("ddp", grad_accum_steps=4)`.
 
-A small registry instead of an if/elif chain, so a notebook can register its own
-backend. Strict on purpose: a name registered twice, an unknown name and an unknown
-option are errors (a silently dropped `grad_acum_steps=4` would train with k = 1).
+The registry is a plain dict, `BACKENDS`: name -> backend class. A notebook adds its own
+with `BACKENDS["mine"] = MyBackend`. `create_backend` is strict on purpose: an unknown
+name and an unknown option are errors (a silently dropped `grad_acum_steps=4` would
+train with k = 1).
 """
 
 from __future__ import annotations
 
-import importlib
+import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
-if TYPE_CHECKING:
-    from zbkit.parallel.backends import TrainingBackend
+from zbkit.parallel.backends import DDPBackend, SingleBackend, TrainingBackend
+
+__all__ = ["BACKENDS", "BackendFactory", "create_backend"]
 
 
-class BackendFactory:
-    """Registry of training backends: name -> backend class."""
+def _fsdp() -> type[TrainingBackend]:
+    from zbkit.parallel.fsdp import FSDPBackend
 
-    _registry: ClassVar[dict[str, type[TrainingBackend]]] = {}
-    # Built-in backends whose module is imported on first use: torch's FSDP alone takes
-    # about a second to import, which every `import zbkit.parallel` would otherwise pay.
-    _lazy: ClassVar[dict[str, str]] = {"fsdp": "zbkit.parallel.fsdp"}
+    return FSDPBackend
 
-    @classmethod
-    def register(cls, name: str) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
-        """Class decorator: `@BackendFactory.register("mine")`."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a backend name must be a non-empty string, got {name!r}")
 
-        def decorator(backend_cls: type[TrainingBackend]) -> type[TrainingBackend]:
-            owner = cls._registry[name].__qualname__ if name in cls._registry else None
-            if owner is None and cls._lazy.get(name, backend_cls.__module__) != (
-                backend_cls.__module__
-            ):
-                owner = cls._lazy[name]  # a built-in, not imported yet
-            if owner is not None:
-                raise ValueError(
-                    f"backend {name!r} is already registered (by {owner}); pick another "
-                    f"name or call BackendFactory.unregister({name!r}) first"
-                )
-            cls._registry[name] = backend_cls
-            return backend_cls
-
-        return decorator
-
-    @classmethod
-    def unregister(cls, name: str) -> None:
-        if name not in cls._registry and name not in cls._lazy:
-            raise KeyError(f"backend {name!r} is not registered; known: {cls.names()}")
-        cls._registry.pop(name, None)
-        cls._lazy.pop(name, None)
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return sorted(set(cls._registry) | set(cls._lazy))
-
-    @classmethod
-    def create(cls, name: str, **options: Any) -> TrainingBackend:
-        if name not in cls._registry and name in cls._lazy:
-            importlib.import_module(cls._lazy[name])  # registers it
-        if name not in cls._registry:
-            raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(cls.names())}")
-        backend_cls = cls._registry[name]
-        backend_cls.check_options(options)
-        return backend_cls(**options)
+# An entry is a backend class, or a function returning one: torch's FSDP alone takes about
+# a second to import, which every `import zbkit.parallel` would otherwise pay, so "fsdp"
+# imports its module only when it is asked for.
+BACKENDS: dict[str, type[TrainingBackend] | Callable[[], type[TrainingBackend]]] = {
+    "ddp": DDPBackend,
+    "fsdp": _fsdp,
+    "single": SingleBackend,
+}
 
 
 def create_backend(name: str, **options: Any) -> TrainingBackend:
-    """Build a registered backend: `create_backend("ddp", grad_accum_steps=4)`."""
-    return BackendFactory.create(name, **options)
+    """Build a backend from `BACKENDS`: `create_backend("ddp", grad_accum_steps=4)`."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(sorted(BACKENDS))}")
+    entry = BACKENDS[name]
+    backend_cls = entry if isinstance(entry, type) else entry()
+    backend_cls.check_options(options)
+    return backend_cls(**options)
+
+
+def _moved(old: str, new: str) -> None:
+    warnings.warn(
+        f"BackendFactory.{old} is deprecated: the registry is the plain dict "
+        f"zbkit.parallel.BACKENDS; use {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class BackendFactory:
+    """Deprecated: the old registry class, kept as a thin view of `BACKENDS`."""
+
+    @staticmethod
+    def names() -> list[str]:
+        _moved("names()", "sorted(BACKENDS)")
+        return sorted(BACKENDS)
+
+    @staticmethod
+    def create(name: str, **options: Any) -> TrainingBackend:
+        _moved("create(...)", "create_backend(...)")
+        return create_backend(name, **options)
+
+    @staticmethod
+    def register(name: str) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
+        _moved("register(name)", "BACKENDS[name] = cls")
+
+        def add(backend_cls: type[TrainingBackend]) -> type[TrainingBackend]:
+            if name in BACKENDS:
+                raise ValueError(f"backend {name!r} is already registered: pick another name")
+            BACKENDS[name] = backend_cls
+            return backend_cls
+
+        return add
+
+    @staticmethod
+    def unregister(name: str) -> None:
+        _moved("unregister(name)", "del BACKENDS[name]")
+        del BACKENDS[name]

@@ -27,10 +27,8 @@ from torch.optim import Optimizer
 from zbkit.parallel._comm_stats import CommStats, count_reduce_scatter
 from zbkit.parallel._placement import place_replica, require_process_group
 from zbkit.parallel.backends import TrainingBackend
-from zbkit.parallel.factory import BackendFactory
 
 
-@BackendFactory.register("fsdp")
 class FSDPBackend(TrainingBackend):
     """Fully sharded data parallel (FSDP2) with the same loop as "ddp".
 

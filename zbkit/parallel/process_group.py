@@ -13,6 +13,11 @@ The helpers below answer from the live process group when there is one, from the
 environment before `init_distributed()` has run, and with the single-process answer
 (rank 0 of 1) when there is neither, so the same script runs under `python`,
 `torchrun` and inside `zbkit.launch`.
+
+`init_process_group` is the one place in zbkit that creates the default process group:
+`init_distributed` calls it with torchrun's rendezvous (`env://`), `zbkit.launch`'s ranks
+with a TCPStore on a loopback socket. `pp_dp_groups` then splits the world into pipeline
+and data-parallel groups.
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["get_local_rank", "get_rank", "get_world_size", "init_distributed"]
+__all__ = [
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "init_process_group",
+    "pp_dp_groups",
+]
 
 
 def _env_int(name: str) -> int | None:
@@ -115,14 +127,65 @@ def init_distributed(
 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    init_process_group(backend, rank=rank, world_size=world, init_method="env://", timeout=timeout)
+    return True
+
+
+def init_process_group(
+    backend: str,
+    *,
+    rank: int,
+    world_size: int,
+    store: dist.Store | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | float | None = None,
+) -> None:
+    """Create the default process group: the one call to `dist.init_process_group` in zbkit.
+
+    Give the rendezvous either as a `store` (what `zbkit.launch` does: rank 0 serves a
+    TCPStore on a socket bound to 127.0.0.1) or as an `init_method` ("env://" reads
+    MASTER_ADDR and MASTER_PORT, as under torchrun). With "nccl" this process first makes
+    cuda:LOCAL_RANK its current device, so each rank drives its own GPU. `timeout` (a
+    timedelta or seconds; None: torch's default) bounds the rendezvous and every collective.
+    """
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise RuntimeError("backend='nccl' needs CUDA GPUs; use backend='gloo' on CPU")
         # Each process drives the GPU with its LOCAL rank's index (not the global rank).
         torch.cuda.set_device(get_local_rank())
-    if not isinstance(timeout, timedelta):
+    if timeout is not None and not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     dist.init_process_group(
-        backend=backend, init_method="env://", rank=rank, world_size=world, timeout=timeout
+        backend,
+        init_method=init_method,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
     )
-    return True
+
+
+def pp_dp_groups(pp: int, dp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup, int, int]:
+    """Lays ``pp * dp`` ranks out as ``dp`` pipelines of ``pp`` consecutive ranks.
+
+    Returns ``(pp_group, dp_group, pp_rank, dp_rank)`` for the calling rank: global rank
+    ``g`` is stage-rank ``g % pp`` of pipeline ``g // pp``. Every rank must call this (group
+    creation is collective), with the same ``pp`` and ``dp``::
+
+        pp=2, dp=3:   pipeline 0: ranks 0 1     dp groups: {0, 2, 4} (first stages)
+                      pipeline 1: ranks 2 3                {1, 3, 5} (second stages)
+                      pipeline 2: ranks 4 5
+    """
+    if not _is_initialized():
+        raise RuntimeError(
+            "pp_dp_groups needs a process group: run inside zbkit.launch(...) or a Cluster, "
+            "or call zbkit.parallel.init_distributed() in a script started by torchrun"
+        )
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if pp * dp != world:
+        raise ValueError(f"pp={pp} x dp={dp} = {pp * dp} ranks, but the world has {world}")
+    # Every rank creates every group, in the same order (new_group is collective), and
+    # keeps the two it belongs to.
+    pp_groups = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
+    dp_groups = [dist.new_group(list(range(p, world, pp))) for p in range(pp)]
+    return pp_groups[rank // pp], dp_groups[rank % pp], rank % pp, rank // pp
