@@ -90,10 +90,18 @@ def test_zb_v_zero_bubble_at_1f1b_peak_memory():
 def test_builders_refuse_bad_options():
     with pytest.raises(ValueError, match="takes no costs"):
         build_schedule("1f1b", pp=2, microbatches=2, costs=EQUAL)
+    # zb-v is the paper's construction: a limit or costs point to the search that takes them
+    for extra in ({"memory_limit": 6}, {"costs": UNEQUAL}):
+        with pytest.raises(ValueError, match=r"fixed ZB-V.*zb-auto.*placement='v'"):
+            build_schedule("zb-v", pp=2, microbatches=4, **extra)
     with pytest.raises(ValueError, match="memory_limit=1 is too small.*at least 2"):
-        build_schedule("zb-v", pp=2, microbatches=4, memory_limit=1)
-    with pytest.raises(ValueError, match="bad option"):
+        build_schedule("zb-auto", pp=2, microbatches=4, placement="v", memory_limit=1)
+    with pytest.raises(ValueError, match="placement must be one of"):
+        build_schedule("zb-auto", pp=2, microbatches=4, placement="w")
+    with pytest.raises(ValueError, match="bad option 'stages_per_rank'.*no options"):
         build_schedule("gpipe", pp=2, microbatches=2, stages_per_rank=2)
+    with pytest.raises(ValueError, match="bad option 'placement'"):
+        build_schedule("zb-v", pp=2, microbatches=2, placement="v")
 
 
 def test_a_broken_builder_output_is_caught_by_the_invariant():

@@ -45,7 +45,7 @@ def test_torch_zbv_golden_loads_validates_and_has_no_bubble():
     validate(s)
     sim = simulate(s, Costs(1, 1, 1))
     assert sim.bubble_rate == pytest.approx(0.0, abs=1e-12)
-    # with equal costs our zb-v is the paper's pattern, action for action
+    # our zb-v is the paper's pattern, action for action
     assert build_schedule("zb-v", pp=4, microbatches=8).program == s.program
 
 
@@ -70,8 +70,11 @@ def test_torch_generated_schedules_load_live(tmp_path):
         assert simulate(s, Costs()).bubble_rate < 0.2
         if cls == "ScheduleZBVZeroBubble":  # an independent implementation of the same V
             costs = Costs(F=1.0, I=1.3, W=0.6, comm=0.05)
-            ours = build_schedule("zb-v", pp=p, microbatches=m, costs=costs)
-            assert simulate(ours, costs).bubble_rate <= simulate(s, costs).bubble_rate + 1e-12
+            ours = build_schedule("zb-v", pp=p, microbatches=m)  # the same construction
+            assert simulate(ours, costs).bubble_rate == simulate(s, costs).bubble_rate
+            # the search over V-shaped schedules for these costs does at least as well
+            auto = build_schedule("zb-auto", pp=p, microbatches=m, costs=costs, placement="v")
+            assert simulate(auto, costs).bubble_rate <= simulate(s, costs).bubble_rate + 1e-12
 
 
 def test_cli_prints_grid_bubble_closed_form_and_memory(tmp_path, capsys):

@@ -48,7 +48,7 @@ def check_events(sim, per_stage):
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_simulated_events_follow_the_rules(name):
     for p, m, costs in [(2, 4, COSTS[0]), (3, 6, COSTS[1]), (4, 8, COSTS[0])]:
-        kwargs = {"costs": costs} if name in ("zb-auto", "zb-v") else {}
+        kwargs = {"costs": costs} if name == "zb-auto" else {}
         s = build_schedule(name, pp=p, microbatches=m, **kwargs)
         sim = simulate(s, costs)
         check_events(sim, [costs] * s.num_stages)

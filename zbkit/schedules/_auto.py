@@ -1,126 +1,126 @@
-"""ZB-V and the automatic schedule, both built by the schedulers in `_build_greedy`.
+"""zb-auto: the fastest of a list of named candidate schedules that fits a memory limit.
 
-zb-auto runs the paper's microbatch-by-microbatch construction (`sweep`) for a few warm-up
-shapes (forwards per rank before its first I: 1F1B's p - r, ZB-H2's 2(p - r) - 1, "enough
-to cover the wait for the first input gradient", "all that memory allows") and W-filling
-rules, refines the best warm-up rank by rank, defers the Ws that delay its critical path
-(`_refine`), adds the hand-written ZB-H1/ZB-H2 when they fit the memory limit, and keeps
-the one `simulate` finds fastest. So it is never worse than those, and it never holds
-more than `memory_limit`.
+Each placement has its list of candidates (`CANDIDATES`), each with a one-line reason it is
+there. zb-auto builds every candidate for the costs and the limit it is given, drops those
+that go over the limit, times the rest with the simulator's engine and keeps the fastest
+(longest rank span, then peak memory, then the list's order). `explain_auto` returns the
+whole table: which candidate won, and what each one scored or why it was left out.
 
-With the paper's measured times it matches or beats the paper's own ZB-2p (limit 2p*M_B)
-in all 12 of its settings (1.5B m=24 reaches a lower bound, so it is optimal there), and
-at p*M_B it ties ZB-H1, which there is optimal (see tests/schedules/test_schedules_auto.py
-for both bounds).
+- `placement="linear"` (default; stage s on rank s, limit p * M_B by default): the paper's
+  microbatch-by-microbatch construction (`sweep`) for a few warm-up shapes and W-filling
+  rules, refined rank by rank and then on its critical path (`_refine`); the event-driven
+  greedy; ZB-H1 and ZB-H2. With the paper's measured times it matches or beats the paper's
+  own ZB-2p (limit 2p*M_B) in all 12 of its settings (1.5B m=24 reaches a lower bound, so it
+  is optimal there), and at p*M_B it ties ZB-H1, which there is optimal (see
+  tests/schedules/test_schedules_auto.py for both bounds).
+- `placement="v"` (stage s and 2p-1-s on rank s, limit 2p half-stage activations = 1F1B's
+  peak by default): the paper's hand-written ZB-V (what `build_schedule("zb-v")` returns)
+  and the greedy, which does better when the costs are unequal or the limit differs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules import _engine
 from zbkit.schedules._build_greedy import greedy, sweep
 from zbkit.schedules._refine import defer_late_ws
-from zbkit.schedules.action import KINDS
+from zbkit.schedules.action import KINDS, Action
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs
 from zbkit.schedules.validate import validate
 
-_POLICIES = [(fill, hold) for fill in (0.0, 0.5, 1.0) for hold in (0.0, 0.5, 1.0)]
-# the greedy policies that ever won for zb-auto over a grid of limits and costs
-_AUTO_POLICIES = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (0.5, 0.5)]
+PLACEMENTS = ("linear", "v")
 # (fill, tail_fill) for `sweep`: a W goes into any gap / a gap half its size / only where it fits
 _FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]
 _REFINE_PASSES = 2
 _REFINED = 2  # W-filling rules whose best warm-up gets refined
 
-
-def _costs(costs: Costs | Sequence[Costs] | None, stages: int, name: str) -> list[Costs]:
-    if costs is None:
-        return [Costs()] * stages
-    if isinstance(costs, Costs):
-        return [costs] * stages
-    costs = list(costs)
-    if len(costs) != stages or not all(isinstance(c, Costs) for c in costs):
-        raise ValueError(f"{name}: costs must be a Costs or a list of {stages} (one per stage)")
-    return costs
+Program = dict[int, list[Action]]
 
 
-def _best(candidates: list[Schedule], costs: list[Costs], limit: float) -> Schedule:
-    """The fastest candidate under `limit`: longest rank span first, then peak memory.
+@dataclass
+class Problem:
+    """What every candidate is built for."""
 
-    Candidates are timed with the simulator's engine alone (no validation, no summary:
-    this runs for every candidate); only the winner is validated, the next one taken if
-    it fails (a hand-written pattern that does not fit these sizes).
-    """
-    durations = {(s, k): c.duration(k) for s, c in enumerate(costs) for k in KINDS}
-    delta = {(s, k): c.memory(k) for s, c in enumerate(costs) for k in KINDS}
-    comm = [c.comm for c in costs]
-    scored = []
-    for index, schedule in enumerate(candidates):
-        peak = 0.0
-        for actions in schedule.program.values():
-            held = 0.0
-            for a in actions:
-                held += delta[a.stage, a.kind]
-                peak = max(peak, held)
-        if peak > limit + 1e-9:
-            continue
-        try:
-            times = _engine.run(schedule, durations, comm)
-        except (_engine.Stuck, IndexError, KeyError):  # deadlocks, or not for these sizes
-            continue
-        span = max(t[-1][1] - t[0][0] for t in times.values() if t)
-        scored.append((span, peak, index, schedule))
-    for *_, schedule in sorted(scored, key=lambda x: x[:3]):
-        try:
-            validate(schedule)
-        except ScheduleError:
-            continue
-        return schedule
-    raise ValueError("no candidate schedule fits: builder bug")  # greedy raises before this
+    pp: int
+    m: int
+    costs: list[Costs]  # one per stage
+    limit: float  # peak memory per rank, in the units of Costs.mem_activation
+    placement: str  # "linear" or "v"
+    memo: dict = field(default_factory=dict)  # work shared between candidates (one search)
+
+    @property
+    def stage_to_rank(self) -> list[int]:
+        if self.placement == "v":
+            return [s if s < self.pp else 2 * self.pp - 1 - s for s in range(2 * self.pp)]
+        return list(range(self.pp))
 
 
-def zb_v(
-    pp: int,
-    m: int,
-    name: str,
-    costs: Costs | Sequence[Costs] | None = None,
-    memory_limit: float | None = None,
-) -> Schedule:
-    """ZB-V: stage s and stage 2p-1-s on rank s (a V); 1F1B's peak memory by default."""
-    placement = [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
-    per_stage = _costs(costs, 2 * pp, name)
-    if memory_limit is None:
-        # 1F1B's rank 0 holds p microbatches of its whole model part = 2p half-size chunks
-        memory_limit = 2 * pp * max(c.mem_activation for c in per_stage)
-    # the paper's hand-written V first (it wins ties), then the greedy policies, which do
-    # better when the costs are unequal or the memory limit differs
-    candidates = [Schedule(fixed.zb_v(pp, m), placement, m, name)]
-    candidates += [
-        Schedule(greedy(placement, m, per_stage, memory_limit, fill, hold), placement, m, name)
-        for fill, hold in _POLICIES
-    ]
-    return _best(candidates, per_stage, memory_limit)
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    reason: str  # one line: where it wins, or what it guarantees
+    build: Callable[[Problem], Program]  # raises ValueError if it cannot meet the limit
+
+
+@dataclass(frozen=True)
+class Tried:
+    """One candidate's row in `AutoSearch`: its score, or why it was left out."""
+
+    candidate: Candidate
+    span: float | None  # longest rank span (None: not built, over the limit, or invalid)
+    peak: float | None  # peak memory over the ranks (None: not built)
+    note: str  # "fits", "over the limit", or why it could not be built or run
+
+
+@dataclass
+class AutoSearch:
+    """zb-auto's result: the chosen schedule, the winning candidate and every row tried."""
+
+    schedule: Schedule
+    chosen: Candidate
+    tried: list[Tried]
+    memory_limit: float
+
+    def __str__(self) -> str:
+        lines = [f"zb-auto ({self.placement}), memory_limit={self.memory_limit:g}:"]
+        width = max(len(t.candidate.name) for t in self.tried)
+        for t in self.tried:
+            mark = "->" if t.candidate is self.chosen else "  "
+            span = "-" if t.span is None else f"{t.span:.6g}"
+            peak = "-" if t.peak is None else f"{t.peak:.4g}"
+            lines.append(
+                f"{mark} {t.candidate.name:<{width}}  span {span:>9}  peak {peak:>6}  {t.note}"
+            )
+        return "\n".join(lines)
+
+    @property
+    def placement(self) -> str:
+        return "v" if self.schedule.stages_per_rank == 2 else "linear"
+
+
+# ---- the candidates' builders -------------------------------------------------------------
 
 
 def _warmups(p: int, m: int, costs: list[Costs], limit: float) -> list[list[int]]:
     """Warm-up shapes to try: forwards per rank before its first I."""
     # how many activations fit under the limit (I leaves mem_weight behind, W frees it)
-    cap = [m if c.mem_activation <= 0 else int((limit + 1e-9) // c.mem_activation) for c in costs]
+    cap = [m if c.memory("F") <= 0 else int((limit + 1e-9) // c.memory("F")) for c in costs]
     # microbatch 0 alone: F goes down, I comes back up; rank r starts at f_start[r] and
     # can run its I_0 at i_start[r], so (i_start - f_start) / F forwards fill the wait
     f_start, t = [], 0.0
     for s, c in enumerate(costs):
         f_start.append(t + (c.comm if s else 0.0))
-        t = f_start[-1] + c.F
+        t = f_start[-1] + c.duration("F")
     i_start, t = [0.0] * p, t
     for s in reversed(range(p)):
         i_start[s] = t + (costs[s].comm if s < p - 1 else 0.0)
-        t = i_start[s] + costs[s].I
-    fits = [(i_start[r] - f_start[r]) / max(costs[r].F, 1e-12) for r in range(p)]
+        t = i_start[s] + costs[s].duration("I")
+    fits = [(i_start[r] - f_start[r]) / max(costs[r].duration("F"), 1e-12) for r in range(p)]
     shapes = [
         [p - r for r in range(p)],  # 1F1B's (and ZB-H1's): p - r
         [2 * (p - r) - 1 for r in range(p)],  # ZB-H2's: 2(p - r) - 1
@@ -138,42 +138,37 @@ def _warmups(p: int, m: int, costs: list[Costs], limit: float) -> list[list[int]
     return unique
 
 
-def zb_auto(
-    pp: int,
-    m: int,
-    name: str,
-    costs: Costs | Sequence[Costs] | None = None,
-    memory_limit: float | None = None,
-) -> Schedule:
-    """Automatic zero-bubble schedule under `memory_limit` (default pp * mem_activation).
+def _construction(problem: Problem) -> Program:
+    """The paper's construction (`sweep`) at its best warm-up and W-filling rule.
 
-    Tries the paper's construction (`sweep`) with several warm-up shapes and W-filling
-    rules, refines the best warm-up rank by rank and then its critical path (deferring Ws
-    that delay it), adds the event-driven greedy's policies and ZB-H1/ZB-H2, and keeps the
-    fastest that fits (timed by the simulator's engine).
+    Tries each warm-up shape with each W-filling rule, then refines the best warm-up of the
+    two best rules: move one rank's warm-up by one while that helps (a local search;
+    different rules get stuck in different places).
     """
-    placement = list(range(pp))
-    per_stage = _costs(costs, pp, name)
-    if memory_limit is None:
-        memory_limit = pp * max(c.mem_activation for c in per_stage)
-    if not isinstance(memory_limit, int | float) or memory_limit <= 0:
-        raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
+    if "construction" not in problem.memo:  # the next candidate starts from it
+        problem.memo["construction"] = _best_sweep(problem)
+    program = problem.memo["construction"]
+    if program is None:
+        raise ValueError(f"no warm-up fits memory_limit={problem.limit:g}")
+    return program
+
+
+def _best_sweep(problem: Problem) -> Program | None:
+    pp, m, costs, limit = problem.pp, problem.m, problem.costs, problem.limit
     found: dict[tuple, float] = {}  # (warm-up, fill, tail_fill) -> cost
 
     def attempt(w: list[int], fill: float, tail: float) -> float:
         key = (tuple(w), fill, tail)
         if key not in found:
             try:
-                found[key] = sweep(per_stage, m, memory_limit, w, fill, tail, actions=False)[1]
+                found[key] = sweep(costs, m, limit, w, fill, tail, actions=False)[1]
             except ValueError:  # this warm-up does not fit the memory limit
                 found[key] = math.inf
         return found[key]
 
-    for w in _warmups(pp, m, per_stage, memory_limit):
+    for w in _warmups(pp, m, costs, limit):
         for fill, tail in _FILLS:
             attempt(w, fill, tail)
-    # refine the best warm-up of the two best W-filling rules: move one rank's warm-up
-    # by one while that helps (a local search; different rules get stuck in different places)
     starts: dict[tuple, tuple] = {}
     for key in sorted(found, key=found.get):
         if found[key] < math.inf and key[1:] not in starts and len(starts) < _REFINED:
@@ -193,24 +188,174 @@ def zb_auto(
             if not improved:
                 break
     best = min(found, key=found.get)
-    candidates = []
-    if found[best] < math.inf:
-        program = sweep(per_stage, m, memory_limit, list(best[0]), best[1], best[2])[0]
-        candidates.append(Schedule(program, placement, m, name))
-        # the construction lets a W overrun the gap before an I by a little; on the critical
-        # path that slip repeats rank after rank: defer those Ws (one rank per round at worst)
-        candidates.append(defer_late_ws(candidates[0], per_stage, memory_limit, 2 * pp))
-    # the event-driven greedy does better far from the construction's sweet spot (limits
-    # under p*M_B, or so large that all forwards fit), and it is the only one that can
-    # finish when the limit is too tight for a warm-up (it raises if nothing fits at all)
-    for fill, hold in _AUTO_POLICIES:
+    if found[best] == math.inf:
+        return None
+    return sweep(costs, m, limit, list(best[0]), best[1], best[2])[0]
+
+
+def _deferred(problem: Problem) -> Program:
+    # the construction lets a W overrun the gap before an I by a little; on the critical
+    # path that slip repeats rank after rank: defer those Ws (one rank per round at worst)
+    start = Schedule(_construction(problem), problem.stage_to_rank, problem.m)
+    return defer_late_ws(start, problem.costs, problem.limit, 2 * problem.pp).program
+
+
+def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
+    def build(problem: Problem) -> Program:
+        return greedy(problem.stage_to_rank, problem.m, problem.costs, problem.limit, fill, hold)
+
+    return build
+
+
+def _fixed(fn: Callable[[int, int], Program]) -> Callable[[Problem], Program]:
+    return lambda problem: fn(problem.pp, problem.m)
+
+
+_LINEAR = [
+    Candidate(
+        "construction",
+        "the paper's sweep at its best warm-up: the winner near p..2p*M_B",
+        _construction,
+    ),
+    Candidate(
+        "construction, late Ws deferred",
+        "the same with Ws that delay the critical path moved later (the paper's ILP repair)",
+        _deferred,
+    ),
+    Candidate(
+        "greedy fill=0 hold=0",
+        "finishes under limits too tight for any warm-up; wins when all forwards fit",
+        _greedy(0.0, 0.0),
+    ),
+    Candidate(
+        "greedy fill=0.5 hold=0",
+        "keeps a W from delaying an I about to arrive: wins under p*M_B",
+        _greedy(0.5, 0.0),
+    ),
+    Candidate(
+        "greedy fill=0 hold=0.5",
+        "keeps an F from delaying an I about to arrive: wins under p*M_B",
+        _greedy(0.0, 0.5),
+    ),
+    Candidate(
+        "greedy fill=0.5 hold=0.5",
+        "both holds: wins under p*M_B when W is long",
+        _greedy(0.5, 0.5),
+    ),
+    Candidate(
+        "ZB-H1",
+        "hand-written at 1F1B's memory: zb-auto is never worse than it where it fits",
+        _fixed(fixed.zb_h1),
+    ),
+    Candidate(
+        "ZB-H2",
+        "hand-written, 2p-1 warm-up forwards: never worse than it where it fits",
+        _fixed(fixed.zb_h2),
+    ),
+]
+_V = [
+    Candidate(
+        "paper's ZB-V",
+        "the hand-written V (build_schedule('zb-v')): zero bubble at F=I=W, wins ties",
+        _fixed(fixed.zb_v),
+    ),
+] + [
+    Candidate(
+        f"greedy fill={fill:g} hold={hold:g}",
+        "unequal costs or another limit: the hand-written V's pattern no longer fits",
+        _greedy(fill, hold),
+    )
+    for fill in (0.0, 0.5, 1.0)
+    for hold in (0.0, 0.5, 1.0)
+]
+CANDIDATES: dict[str, list[Candidate]] = {"linear": _LINEAR, "v": _V}
+
+
+# ---- the search ---------------------------------------------------------------------------
+
+
+def _per_stage(costs: Costs | Sequence[Costs] | None, stages: int, name: str) -> list[Costs]:
+    if costs is None:
+        return [Costs()] * stages
+    if isinstance(costs, Costs):
+        return [costs] * stages
+    costs = list(costs)
+    if len(costs) != stages or not all(isinstance(c, Costs) for c in costs):
+        raise ValueError(f"{name}: costs must be a Costs or a list of {stages} (one per stage)")
+    return costs
+
+
+def search(
+    pp: int,
+    m: int,
+    name: str = "zb-auto",
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    placement: str = "linear",
+) -> AutoSearch:
+    """Build every candidate of `placement`, keep the fastest under `memory_limit`.
+
+    Candidates are timed with the simulator's engine alone (no validation, no summary:
+    this runs for every candidate); only the winner is validated, the next one taken if
+    it fails (a hand-written pattern that does not fit these sizes).
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"{name}: placement must be one of {PLACEMENTS}, got {placement!r}")
+    stages = 2 * pp if placement == "v" else pp
+    per_stage = _per_stage(costs, stages, name)
+    if memory_limit is None:
+        # 1F1B's rank 0 holds p microbatches of its whole model part: p stages, or 2p halves
+        memory_limit = stages * max(c.mem_activation for c in per_stage)
+    if not isinstance(memory_limit, int | float) or memory_limit <= 0:
+        raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
+    problem = Problem(pp, m, per_stage, memory_limit, placement)
+    durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage) for k in KINDS}
+    delta = {(s, k): c.memory(k) for s, c in enumerate(per_stage) for k in KINDS}
+    comm = [c.comm for c in per_stage]
+
+    tried: list[Tried] = []
+    scored = []
+    for index, candidate in enumerate(CANDIDATES[placement]):
         try:
-            program = greedy(placement, m, per_stage, memory_limit, fill, hold)
-        except ValueError:
-            if candidates:
-                break
-            raise
-        candidates.append(Schedule(program, placement, m, name))
-    for handcrafted in (fixed.zb_h1, fixed.zb_h2):
-        candidates.append(Schedule(handcrafted(pp, m), placement, m, name))
-    return _best(candidates, per_stage, memory_limit)
+            schedule = Schedule(candidate.build(problem), problem.stage_to_rank, m, name)
+        except ValueError as err:  # it cannot meet this limit: say why in the table
+            tried.append(Tried(candidate, None, None, f"cannot build: {err}"))
+            continue
+        peak = 0.0
+        for actions in schedule.program.values():
+            held = 0.0
+            for a in actions:
+                held += delta[a.stage, a.kind]
+                peak = max(peak, held)
+        if peak > memory_limit + 1e-9:
+            tried.append(Tried(candidate, None, peak, "over the limit"))
+            continue
+        try:
+            times = _engine.run(schedule, durations, comm)
+        except (_engine.Stuck, IndexError, KeyError) as err:  # not for these sizes
+            tried.append(Tried(candidate, None, peak, f"cannot run: {type(err).__name__}"))
+            continue
+        span = max(t[-1][1] - t[0][0] for t in times.values() if t)
+        tried.append(Tried(candidate, span, peak, "fits"))
+        scored.append((span, peak, index, len(tried) - 1, schedule))
+    for *_, row, schedule in sorted(scored, key=lambda x: x[:3]):
+        try:
+            validate(schedule)
+        except ScheduleError:
+            tried[row] = Tried(tried[row].candidate, None, tried[row].peak, "invalid")
+            continue
+        return AutoSearch(schedule, tried[row].candidate, tried, memory_limit)
+    why = "\n".join(f"  {t.candidate.name}: {t.note}" for t in tried)
+    raise ValueError(f"{name}: no candidate fits memory_limit={memory_limit:g}:\n{why}")
+
+
+def zb_auto(
+    pp: int,
+    m: int,
+    name: str,
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    placement: str = "linear",
+) -> Schedule:
+    """The fastest of `CANDIDATES[placement]` under `memory_limit` (see `search`)."""
+    return search(pp, m, name, costs, memory_limit, placement).schedule

@@ -10,11 +10,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from zbkit.schedules import _build_fixed as fixed
-from zbkit.schedules._auto import zb_auto, zb_v
+from zbkit.schedules._auto import PLACEMENTS, AutoSearch, search, zb_auto
 from zbkit.schedules.schedule import Schedule
 from zbkit.schedules.simulate import Costs
 
-__all__ = ["SCHEDULES", "build_schedule"]
+__all__ = ["PLACEMENTS", "SCHEDULES", "AutoSearch", "build_schedule", "explain_auto"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto")
 
@@ -38,15 +38,37 @@ def _interleaved(pp: int, m: int, name: str, stages_per_rank: int = 2) -> Schedu
     return Schedule(fixed.interleaved_1f1b(pp, m, v), [s % pp for s in range(v * pp)], m, name)
 
 
+def _zb_v(pp: int, m: int, name: str) -> Schedule:
+    # stage s and stage 2p-1-s on rank s: down the ranks and back up, a V
+    placement = [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
+    return Schedule(fixed.zb_v(pp, m), placement, m, name)
+
+
 _BUILDERS: dict[str, Callable[..., Schedule]] = {
     "gpipe": _single(fixed.gpipe),
     "1f1b": _single(fixed.one_f_one_b),
     "interleaved-1f1b": _interleaved,
     "zb-h1": _single(fixed.zb_h1),
     "zb-h2": _single(fixed.zb_h2),
-    "zb-v": zb_v,
+    "zb-v": _zb_v,
     "zb-auto": zb_auto,
 }
+# the options each builder takes (beyond pp and microbatches)
+_OPTIONS = {"interleaved-1f1b": ("stages_per_rank",), "zb-auto": ("placement",)}
+_ZB_V_IS_FIXED = (
+    "zb-v is the paper's fixed ZB-V construction (peak memory = 1F1B's: 2p half-stage "
+    "activations per rank); it takes no costs or memory_limit. To search V-shaped schedules "
+    "for your costs under a limit, use build_schedule('zb-auto', pp=..., microbatches=..., "
+    "placement='v', costs=..., memory_limit=...)"
+)
+
+
+def _check(name: str, pp: int, microbatches: int) -> None:
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
+    for label, value in (("pp", pp), ("microbatches", microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}: {label} must be an int >= 1, got {value!r}")
 
 
 def build_schedule(
@@ -60,24 +82,46 @@ def build_schedule(
 ) -> Schedule:
     """Build schedule `name` (one of `SCHEDULES`) for `pp` ranks and `microbatches`.
 
-    Options: `stages_per_rank` (interleaved-1f1b, default 2); `costs` and `memory_limit`
-    (zb-auto, also zb-v; `memory_limit` in units of `Costs.mem_activation`).
+    Options: `stages_per_rank` (interleaved-1f1b, default 2); `costs`, `memory_limit` (in
+    units of `Costs.mem_activation`) and `placement` ("linear" or "v") for zb-auto, the
+    only schedule that searches. zb-v is the paper's fixed construction; zb-auto with
+    placement="v" searches V-shaped schedules (see `explain_auto`).
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
-    for label, value in (("pp", pp), ("microbatches", microbatches)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}: {label} must be an int >= 1, got {value!r}")
-    if name in ("zb-auto", "zb-v"):
+    _check(name, pp, microbatches)
+    if name == "zb-auto":
         options.update(costs=costs, memory_limit=memory_limit)
     elif costs is not None or memory_limit is not None:
-        raise ValueError(f"{name} takes no costs/memory_limit (only zb-auto and zb-v do)")
-    try:
-        schedule = _BUILDERS[name](pp, microbatches, name, **options)
-    except TypeError as err:
-        raise ValueError(f"{name}: bad option: {err}") from None
+        if name == "zb-v":
+            raise ValueError(_ZB_V_IS_FIXED)
+        raise ValueError(f"{name} takes no costs/memory_limit (only zb-auto does)")
+    allowed = _OPTIONS.get(name, ())
+    for option in options:
+        if option not in allowed and option not in ("costs", "memory_limit"):
+            takes = ", ".join(allowed) or "no options"
+            raise ValueError(f"{name}: bad option {option!r} ({name} takes {takes})")
+    schedule = _BUILDERS[name](pp, microbatches, name, **options)
     check_counts(schedule)
     return schedule
+
+
+def explain_auto(
+    *,
+    pp: int,
+    microbatches: int,
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    placement: str = "linear",
+) -> AutoSearch:
+    """zb-auto's search, shown: the schedule it builds, the candidate that won, and every
+    candidate's score (longest rank span, peak memory) or why it was left out.
+
+    `print(explain_auto(pp=4, microbatches=8, placement="v"))` lists them by name, and
+    `AutoSearch.tried[i].candidate.reason` says why each is in the list.
+    """
+    _check("zb-auto", pp, microbatches)
+    found = search(pp, microbatches, "zb-auto", costs, memory_limit, placement)
+    check_counts(found.schedule)
+    return found
 
 
 def check_counts(schedule: Schedule) -> None:
