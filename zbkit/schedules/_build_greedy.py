@@ -26,6 +26,16 @@ from zbkit.schedules.action import Action
 from zbkit.schedules.simulate import Costs
 
 _EPS = 1e-9
+SPLIT = ("F", "I", "W")  # the kinds these schedulers emit: the backward split, never a B
+
+
+def _tables(costs: list[Costs]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Per stage and kind: duration and memory change, from `Costs` (looked up ~10^4 times
+    per schedule, so read once)."""
+    return (
+        [{k: c.duration(k) for k in SPLIT} for c in costs],
+        [{k: c.memory(k) for k in SPLIT} for c in costs],
+    )
 
 
 def greedy(
@@ -39,6 +49,7 @@ def greedy(
     n = len(stage_to_rank)
     p = max(stage_to_rank) + 1
     last = n - 1
+    dur, mem = _tables(costs)
     program: dict[int, list[Action]] = {r: [] for r in range(p)}
     # forwards are tried from the stage nearest the loss first: it brings the backward sooner
     f_order = {
@@ -50,16 +61,14 @@ def greedy(
     # room kept free for carrying a new microbatch through the rank's later stages (ZB-V's
     # second chunk): without it, first-chunk forwards could fill memory and starve the V
     reserve = [
-        sum(
-            costs[t].mem_activation for t in range(s + 1, n) if stage_to_rank[t] == stage_to_rank[s]
-        )
+        sum(mem[t]["F"] for t in range(s + 1, n) if stage_to_rank[t] == stage_to_rank[s])
         for s in range(n)
     ]
     ready_i: dict[int, list] = {r: [] for r in range(p)}  # heap of (ready, j, -s)
     pending_w: dict[int, deque] = {r: deque() for r in range(p)}
     free = [0.0] * p
     held = [0.0] * p
-    left = 3 * n * m
+    left = len(SPLIT) * n * m
     times: list[float] = [0.0]
 
     def arrive(t: float, src: int, dst: int) -> float:
@@ -75,11 +84,10 @@ def greedy(
 
     def run(r: int, a: Action, t: float) -> None:
         nonlocal left
-        c = costs[a.stage]
-        end = t + c.duration(a.kind)
+        end = t + dur[a.stage][a.kind]
         program[r].append(a)
         free[r] = end
-        held[r] += c.memory(a.kind)
+        held[r] += mem[a.stage][a.kind]
         left -= 1
         heapq.heappush(times, end)
         s, j = a.stage, a.microbatch
@@ -101,7 +109,7 @@ def greedy(
                 continue
             if s > 0 and (f_end[s - 1][j] is None or arrive(f_end[s - 1][j], s - 1, s) > t + _EPS):
                 continue
-            if held[r] + costs[s].mem_activation + reserve[s] > memory_limit + _EPS:
+            if held[r] + mem[s]["F"] + reserve[s] > memory_limit + _EPS:
                 continue
             return Action(s, "F", j)
         return None
@@ -116,13 +124,13 @@ def greedy(
         soon = heap[0][0] - t if heap else None
         f = next_forward(r, t)
         if f is not None:
-            if hold > 0 and soon is not None and soon < hold * costs[f.stage].F - _EPS:
+            if hold > 0 and soon is not None and soon < hold * dur[f.stage]["F"] - _EPS:
                 return
             next_f[f.stage] += 1
             return run(r, f, t)
         if pending_w[r]:
             s, j = pending_w[r][0]
-            if fill > 0 and soon is not None and soon < fill * costs[s].W - _EPS:
+            if fill > 0 and soon is not None and soon < fill * dur[s]["W"] - _EPS:
                 return
             pending_w[r].popleft()
             return run(r, Action(s, "W", j), t)
@@ -145,7 +153,7 @@ def greedy(
 
 def _minimum(stage_to_rank: list[int], costs: list[Costs], rank: int) -> float:
     """A rank must at least hold one microbatch's activations of all its stages at once."""
-    return sum(costs[s].mem_activation for s, r in enumerate(stage_to_rank) if r == rank)
+    return sum(costs[s].memory("F") for s, r in enumerate(stage_to_rank) if r == rank)
 
 
 def sweep(
@@ -177,15 +185,12 @@ def sweep(
     tail = fill if tail_fill is None else tail_fill
     busy_until = [0.0] * p  # when each stage's rank is free again
     held = [0.0] * p  # memory held now
-    done = {k: [0] * p for k in "FIW"}  # actions of each kind placed so far, per stage
+    done = {k: [0] * p for k in SPLIT}  # actions of each kind placed so far, per stage
     f_end = [[0.0] * m for _ in range(p)]
     i_end = [[0.0] * m for _ in range(p)]
     first = [0.0] * p  # when each stage's first F starts
     program: dict[int, list[Action]] = {s: [] for s in range(p)}
-
-    # per stage and kind: duration and memory change (looked up ~10^4 times per sweep)
-    dur = [{k: c.duration(k) for k in "FIW"} for c in costs]
-    mem = [{k: c.memory(k) for k in "FIW"} for c in costs]
+    dur, mem = _tables(costs)
 
     def put(s: int, kind: str, ready: float) -> None:
         j = done[kind][s]
@@ -206,7 +211,7 @@ def sweep(
         return done["W"][s] < done["I"][s]
 
     def fill_gap(s: int, ready: float) -> None:
-        w, share = costs[s].W, fill if done["F"][s] < m else tail
+        w, share = dur[s]["W"], fill if done["F"][s] < m else tail
         while pending(s):
             gap = ready - busy_until[s]
             if gap <= _EPS or (w > gap + _EPS and gap < share * w):
