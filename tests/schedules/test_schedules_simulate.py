@@ -23,7 +23,8 @@ def test_1f1b_two_ranks_with_comm_by_hand():
     assert sim.span == [13, 8] and sim.busy == [8, 8] and sim.idle == [5, 0]
     assert sim.bubble_rate == pytest.approx((13 - 2 * 4) / 13)
     assert sim.peak_memory == [2, 1]
-    assert sim.memory[0] == [(0, 0), (1, 1), (2, 2), (9, 1), (13, 0)]
+    # one memory rule (schedules.events): growth lands at an action's start, shrinking at its end
+    assert sim.memory[0] == [(0, 0), (0, 1), (1, 2), (9, 1), (13, 0)]
     assert sim.schedule is s and sim.costs.comm == 0.5
 
 
@@ -47,8 +48,11 @@ def test_per_stage_costs():
 
 
 def test_costs_are_checked_and_parsed():
-    with pytest.raises(ValueError, match="Costs.W must be a number >= 0"):
+    with pytest.raises(ValueError, match="Costs.W must be a finite number >= 0"):
         Costs(W=-1)
+    for bad in (float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="Costs.F must be a finite number"):
+            Costs(F=bad)
     assert Costs.parse("18.5,18.1,9.3,0.6") == Costs(18.5, 18.1, 9.3, 0.6)
     assert Costs.parse("1,1,1,0,2,0.5") == Costs(1, 1, 1, 0, 2, 0.5)
     with pytest.raises(ValueError, match="F,I,W"):

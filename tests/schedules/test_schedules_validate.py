@@ -59,7 +59,7 @@ def test_unknown_stage_and_microbatch():
 
 
 def test_w_before_its_i():
-    check(schedule_with(0, swap(2, 3)), "rank 0, position 2", "0W0", "before its input-gradient")
+    check(schedule_with(0, swap(2, 3)), "rank 0, position 2", "0W0", "before its input grad 0I0")
 
 
 def test_i_without_w():

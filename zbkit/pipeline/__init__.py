@@ -2,7 +2,8 @@
 
 - ``PipelineStage``: a module plus its per-microbatch F / I / W / B state.
 - ``ScheduleRunner``: this rank's part of a schedule, under ``launch``, a ``Cluster`` or
-  ``torchrun`` (gloo on CPU, NCCL on GPUs), optionally with data parallelism.
+  ``torchrun`` (gloo on CPU, NCCL on GPUs), optionally with data parallelism; it walks the
+  rank's ``Plan`` (``print(runner.plan)``: compute actions and the sends/receives between).
 - ``LocalPipeline``: every stage in one process, the same code path without the wire.
 - ``Trace``: what ran when, in ``Simulation.events`` form; Chrome-trace export.
 - ``SyntheticStage``: a stage whose F, I and W take set times, for seeing bubbles.
@@ -23,19 +24,23 @@ On 4 ranks (``launch(fn, nprocs=4)``, a ``Cluster`` or ``torchrun``), inside ``f
     trace = runner.gather_trace()         # every rank's events, one clock
 """
 
+from zbkit.parallel import pp_dp_groups  # re-exported: it lives with the other process groups
 from zbkit.pipeline._comms import CommTimeout
 from zbkit.pipeline.local import LocalPipeline
-from zbkit.pipeline.runner import ScheduleRunner, pp_dp_groups
+from zbkit.pipeline.runner import ScheduleRunner
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.synthetic import SyntheticStage
 from zbkit.pipeline.trace import CommEvent, MemorySample, Trace
+from zbkit.schedules.plan import Comm, Plan
 
 __all__ = [
+    "Comm",
     "CommEvent",
     "CommTimeout",
     "LocalPipeline",
     "MemorySample",
     "PipelineStage",
+    "Plan",
     "ScheduleRunner",
     "StageError",
     "SyntheticStage",

@@ -1,14 +1,6 @@
-"""Communication: derived from the compute program in one pass, then moved point to point.
+"""Point-to-point transfers of one step's tensors, following the plan (``schedules.plan``).
 
-The schedule builders emit compute actions only. ``derive_plan`` walks one rank's program
-once and wraps each action with the transfers it implies::
-
-    F(s, j)    recv activations of (s, j) from the rank of s-1 before; send to s+1's rank after
-    I/B(s, j)  recv output grads of (s, j) from the rank of s+1 before; send to s-1's rank after
-    W(s, j)    no communication
-
-Neighbouring stages on the same rank (the V of zb-v) hand tensors over locally: no ``Comm``.
-
+The plan (``derive_plan``) says which tensors go where and when; this module moves them.
 On the wire every message has a fixed tag computed from (what, stage, microbatch), so a
 receive matches its send whatever order the two ranks reach them in (gloo matches on
 (peer, tag); NCCL ignores tags, so there the plan's per-pair order is what matches). The
@@ -21,79 +13,17 @@ from __future__ import annotations
 import datetime
 import pickle
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-_KIND_TAG = {"act": 0, "grad": 1}
+from zbkit.schedules.action import Product
+from zbkit.schedules.plan import Comm, CommOp
+
+_KIND_TAG = {Product.ACT: 0, Product.GRAD: 1}
 _SLOTS = 64  # tags per message: tensor i of a message uses tag base * _SLOTS + i
 _META_BASE = 1 << 30  # the once-per-step shape messages use tags above this
 _META_BYTES = 4096  # one fixed-size message: the receiver can post it before it knows anything
-
-
-@dataclass(frozen=True, slots=True)
-class Comm:
-    """One transfer in a rank's plan: ``what`` of (stage, microbatch) to or from ``peer``.
-
-    ``stage`` is the stage that consumes the tensors: for activations the receiving stage
-    s (sent by s-1); for gradients the stage s that receives the grads of its outputs.
-    """
-
-    op: Literal["send", "recv"]
-    what: Literal["act", "grad"]
-    stage: int
-    microbatch: int
-    peer: int  # rank in the pipeline group
-    action: str = ""  # the compute action it serves: the consumer of a recv, producer of a send
-
-    def __str__(self) -> str:
-        arrow = "->" if self.op == "send" else "<-"
-        return f"{self.op} {self.what} {self.stage}:{self.microbatch} {arrow} rank {self.peer}"
-
-    def explain(self) -> str:
-        """The transfer in words, for error messages."""
-        what = "activations" if self.what == "act" else "output gradients"
-        if self.op == "recv":
-            return (
-                f"receiving the {what} of stage {self.stage} microbatch {self.microbatch} from "
-                f"rank {self.peer}, which {self.action} needs"
-            )
-        return (
-            f"sending the {what} {self.action} produced to rank {self.peer} "
-            f"(stage {self.stage} microbatch {self.microbatch})"
-        )
-
-
-def derive_plan(program: list[Any], stage_to_rank: list[int], rank: int) -> list[Any]:
-    """This rank's compute actions with the ``Comm`` each one needs around it."""
-    last = len(stage_to_rank) - 1
-    plan: list[Any] = []
-    for a in program:
-        s, j = a.stage, a.microbatch
-        if a.kind == "F" and s > 0 and stage_to_rank[s - 1] != rank:
-            plan.append(Comm("recv", "act", s, j, stage_to_rank[s - 1], str(a)))
-        if a.kind in "IB" and s < last and stage_to_rank[s + 1] != rank:
-            plan.append(Comm("recv", "grad", s, j, stage_to_rank[s + 1], str(a)))
-        plan.append(a)
-        if a.kind == "F" and s < last and stage_to_rank[s + 1] != rank:
-            plan.append(Comm("send", "act", s + 1, j, stage_to_rank[s + 1], str(a)))
-        if a.kind in "IB" and s > 0 and stage_to_rank[s - 1] != rank:
-            plan.append(Comm("send", "grad", s - 1, j, stage_to_rank[s - 1], str(a)))
-    return plan
-
-
-def next_receives(plan: list[Any]) -> dict[int, Comm]:
-    """Plan position of each receive -> the next receive on the same edge, if any."""
-    following: dict[int, Comm] = {}
-    last_on_edge: dict[tuple, int] = {}
-    for i, c in enumerate(plan):
-        if isinstance(c, Comm) and c.op == "recv":
-            edge = (c.what, c.stage, c.peer)
-            if edge in last_on_edge:
-                following[last_on_edge[edge]] = c
-            last_on_edge[edge] = i
-    return following
 
 
 class CommTimeout(TimeoutError):
@@ -169,7 +99,7 @@ class P2P:
         # tags, so activations (flowing down) and gradients (flowing up) get a communicator
         # each: otherwise a send of activations could wait behind a receive of gradients
         # that waits for it. Gloo matches by tag: one group serves both.
-        self._channel = {"act": group, "grad": group}
+        self._channel = dict.fromkeys(Product, group)
         if self.batched:
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
             for what in self._channel:
@@ -213,7 +143,7 @@ class P2P:
         agreed = self._sent_meta.get((comm.what, comm.stage))
         if agreed is None:
             self._sent_meta[(comm.what, comm.stage)] = meta
-            self._post("send", comm, [_pack(meta, self.device)], [self._meta_tag(comm)])
+            self._post(CommOp.SEND, comm, [_pack(meta, self.device)], [self._meta_tag(comm)])
         elif meta != agreed:
             raise ValueError(
                 f"{self.where}: {comm} has tensors {{{meta.describe()}}} but this step's first "
@@ -221,7 +151,7 @@ class P2P:
                 "must produce the same names, shapes and dtypes"
             )
         data = [tensors[k].detach().contiguous() for k in meta.names]
-        self._post("send", comm, data, [self._tag(comm, i) for i in range(len(data))])
+        self._post(CommOp.SEND, comm, data, [self._tag(comm, i) for i in range(len(data))])
 
     # ------------------------------------------------------------------ recv
     def recv(self, comm: Comm, next_comm: Comm | None = None) -> dict[str, torch.Tensor]:
@@ -254,12 +184,12 @@ class P2P:
             return
         for comm in comms:
             key = (comm.what, comm.stage)
-            if comm.op == "recv" and key not in self._early_meta:
+            if comm.op is CommOp.RECV and key not in self._early_meta:
                 self._early_meta[key] = self._post_meta_recv(comm)
 
     def _post_meta_recv(self, comm: Comm) -> tuple[list, torch.Tensor]:
         buf = torch.empty(_META_BYTES, dtype=torch.uint8, device=self.device)
-        return self._post("recv", comm, [buf], [self._meta_tag(comm)]), buf
+        return self._post(CommOp.RECV, comm, [buf], [self._meta_tag(comm)]), buf
 
     def _post_recv(self, comm: Comm, meta: _Meta) -> tuple[list, list[torch.Tensor]]:
         bufs = [
@@ -267,12 +197,12 @@ class P2P:
             for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
         ]
         tags = [self._tag(comm, i) for i in range(len(bufs))]
-        return self._post("recv", comm, bufs, tags), bufs
+        return self._post(CommOp.RECV, comm, bufs, tags), bufs
 
     # ------------------------------------------------------------------ plumbing
-    def _post(self, op: str, comm: Comm, tensors: list[torch.Tensor], tags: list[int]) -> list:
+    def _post(self, op: CommOp, comm: Comm, tensors: list[torch.Tensor], tags: list[int]) -> list:
         peer = self._global(comm.peer)
-        fn = dist.isend if op == "send" else dist.irecv
+        fn = dist.isend if op is CommOp.SEND else dist.irecv
         if not tensors:  # a message with no tensors (e.g. no input needed a gradient)
             return []
         if self.batched:
@@ -284,7 +214,7 @@ class P2P:
             works = [
                 fn(t, peer, group=self.group, tag=tag) for t, tag in zip(tensors, tags, strict=True)
             ]
-        if op == "send":  # keep the tensors alive until the wire is done with them
+        if op is CommOp.SEND:  # keep the tensors alive until the wire is done with them
             self._pending.append((works, comm, tensors))
         return works
 

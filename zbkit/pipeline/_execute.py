@@ -8,7 +8,10 @@ and two mailboxes keyed by (what, stage, microbatch):
 - ``outbox``: tensors an action produced for a stage on another rank, until the ``Comm``
   that follows it in the plan sends them.
 
-The per-kind behaviour is the table in ``StepState.run``; the executors only walk their list.
+``StepState.run`` asks the ``KINDS`` table what an action takes from the inbox (its needs
+from other stages), calls the kind's method ``run_<Kind.run>`` (the only per-kind code:
+what the stage computes), and hands what it makes to the consuming stage. A new kind is a
+table entry plus one ``run_*`` method here.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import torch
 
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Event, MemorySample, Trace
+from zbkit.schedules import Action, Product
 
-Key = tuple[str, int, int]  # ("act" | "grad", consuming stage, microbatch)
+Key = tuple[Product, int, int]  # (ACT | GRAD, consuming stage, microbatch), as Comm.key
 LossFn = Callable[[dict[str, torch.Tensor], Any], torch.Tensor]
 
 
@@ -84,31 +88,40 @@ class StepState:
         self.trace = Trace()
         self.last = len(stage_to_rank) - 1
 
-    # ------------------------------------------------------------------ the per-kind table
-    def run(self, action: Any) -> None:
+    # ------------------------------------------------------------------ one action
+    def run(self, action: Action) -> None:
         """Runs one compute action and records its event and the memory held after it."""
-        stage = self.stages[action.stage]
+        kind, s, j = action.info, action.stage, action.microbatch
+        n = len(self.stage_to_rank)
+        stage = self.stages[s]
         start = self.clock()
-        {"F": self._forward, "I": self._backward, "B": self._backward, "W": self._weight}[
-            action.kind
-        ](stage, action)
+        # what it needs from other stages (received, or handed over on this rank)
+        received = {p: self._take((p, s, j), action) for p, src in kind.needs_of(s, n) if src != s}
+        made = getattr(self, f"run_{kind.run}")(stage, action, received)
+        consumer = kind.consumer(s, n)
+        if consumer is not None:
+            self._give((kind.makes, consumer, j), made)
         end = self.clock()
-        rank = self.stage_to_rank[action.stage]
-        self.trace.events.append(
-            Event(rank, action.stage, action.kind, action.microbatch, start, end)
-        )
+        rank = self.stage_to_rank[s]
+        self.trace.events.append(Event(rank, s, action.kind, j, start, end))
         self.trace.memory_samples.append(
-            MemorySample(rank, action.stage, end, stage.held_activations, stage.held_weight_state)
+            MemorySample(rank, s, end, stage.held_activations, stage.held_weight_state)
         )
 
-    def _forward(self, stage: PipelineStage, a: Any) -> None:
+    def ready(self, action: Action) -> bool:
+        """Whether everything ``action`` needs from other stages is here (it would not block)."""
+        s, j, n = action.stage, action.microbatch, len(self.stage_to_rank)
+        return all((p, s, j) in self.inbox for p, src in action.info.needs_of(s, n) if src != s)
+
+    # ------------------------------------------------------------------ per kind: the compute
+    def run_forward(self, stage: PipelineStage, a: Action, received: dict) -> Any:
         j = a.microbatch
         if stage.is_first:
             if self.inputs is None:
                 raise StageError(f"{a}: stage 0 needs inputs; pass step(inputs, ...) on its rank")
             inputs = self.inputs[j]
         else:
-            inputs = self._take(("act", a.stage, j), a)
+            inputs = received[Product.ACT]
         outputs = stage.forward(j, inputs)
         if stage.is_last:
             target = None if self.targets is None else self.targets[j]
@@ -117,18 +130,15 @@ class StepState:
                 raise StageError(f"{a}: loss_fn must return a scalar tensor, got {loss!r}")
             self.losses[j] = loss.detach()
             stage.set_loss(j, loss * self.scale if self.scale != 1.0 else loss)
-        else:
-            self._give(("act", a.stage + 1, j), outputs)
+        return outputs
 
-    def _backward(self, stage: PipelineStage, a: Any) -> None:
-        j = a.microbatch
-        grads = None if stage.is_last else self._take(("grad", a.stage, j), a)
-        run = stage.backward_input if a.kind == "I" else stage.backward_full
-        input_grads = run(j, grads)
-        if not stage.is_first:
-            self._give(("grad", a.stage - 1, j), input_grads)
+    def run_backward_input(self, stage: PipelineStage, a: Action, received: dict) -> Any:
+        return stage.backward_input(a.microbatch, received.get(Product.GRAD))
 
-    def _weight(self, stage: PipelineStage, a: Any) -> None:
+    def run_backward_full(self, stage: PipelineStage, a: Action, received: dict) -> Any:
+        return stage.backward_full(a.microbatch, received.get(Product.GRAD))
+
+    def run_backward_weight(self, stage: PipelineStage, a: Action, received: dict) -> None:
         stage.backward_weight(a.microbatch)
 
     # ------------------------------------------------------------------ mailboxes
@@ -136,7 +146,7 @@ class StepState:
         try:
             return self.inbox.pop(key)
         except KeyError:
-            what = "activations" if key[0] == "act" else "output gradients"
+            what = "activations" if key[0] is Product.ACT else "output gradients"
             raise StageError(
                 f"{a} needs the {what} of stage {key[1]} microbatch {key[2]}, which have not "
                 "arrived: the program runs it before the action that produces them"

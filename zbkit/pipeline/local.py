@@ -86,22 +86,13 @@ class LocalPipeline:
         assert losses is not None  # the last stage is here
         return losses
 
-    def _ready(self, state: StepState, a: Any) -> bool:
-        """Whether ``a``'s inputs exist, i.e. it would not block on a receive."""
-        st = self.stages[a.stage]
-        if a.kind == "F":
-            return st.is_first or ("act", a.stage, a.microbatch) in state.inbox
-        if a.kind in "IB":
-            return st.is_last or ("grad", a.stage, a.microbatch) in state.inbox
-        return True  # W waits for nothing on other ranks
-
     def _interleave(self, state: StepState) -> None:
         program = self.schedule.program
         pos = dict.fromkeys(program, 0)
         while any(pos[r] < len(program[r]) for r in program):
             progressed = False
             for r in sorted(program):
-                while pos[r] < len(program[r]) and self._ready(state, program[r][pos[r]]):
+                while pos[r] < len(program[r]) and state.ready(program[r][pos[r]]):
                     try:
                         state.run(program[r][pos[r]])
                     except StageError as exc:

@@ -1,13 +1,15 @@
 """``ScheduleRunner``: runs this rank's part of a schedule for real.
 
 At construction the rank's compute program is turned into a plan (``derive_plan``: each
-action with the receives it waits for and the sends it feeds). ``step`` then is a dumb loop::
+action with the receives it waits for and the sends it feeds; ``print(runner.plan)``).
+``step`` then is a dumb loop::
 
     for item in plan:
         comm -> send / receive;   action -> run it on its stage
 
-Data parallelism (``dp_group``): each pipeline replica runs the same plan on its own data;
-a stage's gradients are averaged over the replicas right after that stage's last W (or B),
+Data parallelism (``dp_group``, e.g. from ``zbkit.parallel.pp_dp_groups``): each pipeline
+replica runs the same plan on its own data; a stage's gradients are averaged over the
+replicas (``zbkit.parallel.average_gradients``) right after that stage's last W (or B),
 while the rest of the pipeline keeps running, and waited for at the end of the step.
 """
 
@@ -21,11 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zbkit.pipeline._comms import P2P, Comm, CommTimeout, derive_plan, next_receives
+from zbkit.parallel import average_gradients
+from zbkit.pipeline._comms import P2P, CommTimeout
 from zbkit.pipeline._execute import LossFn, StepState, split_microbatches
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
-from zbkit.schedules import Schedule, validate
+from zbkit.schedules import Comm, CommOp, Schedule, derive_plan, validate
 
 
 class ScheduleRunner:
@@ -77,7 +80,7 @@ class ScheduleRunner:
         self.schedule, self.loss_fn, self.scale_grads = schedule, loss_fn, scale_grads
         self.group, self.dp_group, self.timeout, self.rank = group, dp_group, timeout, rank
         self.stages = {st.stage_index: st for st in stages}
-        self.plan = derive_plan(schedule.program.get(rank, []), schedule.stage_to_rank, rank)
+        self.plan = derive_plan(schedule, rank)
         self.backend = dist.get_backend(group)
         device = torch.device("cpu")
         if self.backend == "nccl":
@@ -86,13 +89,14 @@ class ScheduleRunner:
             group, schedule.num_stages, schedule.microbatches, device, timeout, f"rank {rank}"
         )
         # the plan position after which each stage's gradients are final (its last W or B)
+        # (the last action doing the W part of the work, from the KINDS table: W or B)
         last_backward = {
             a.stage: i
             for i, a in enumerate(self.plan)
-            if not isinstance(a, Comm) and a.kind in "WB"
+            if not isinstance(a, Comm) and "W" in a.info.parts
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
-        self._next_recv = next_receives(self.plan)  # posted ahead on gloo
+        self._next_recv = self.plan.next_receives()  # posted ahead on gloo
         self.trace = Trace()
 
     def __repr__(self) -> str:
@@ -134,8 +138,8 @@ class ScheduleRunner:
             clock,
         )
         self.p2p.new_step()
-        self.p2p.expect([c for c in self.plan if isinstance(c, Comm)])
-        reductions: list[tuple[Any, int, torch.Tensor, list[torch.Tensor]]] = []
+        self.p2p.expect(self.plan.comms)
+        reductions = []  # zbkit.parallel's averages in flight, one per stage
         done = 0  # compute actions finished: the position in this rank's program
         try:
             for i, item in enumerate(self.plan):
@@ -147,17 +151,22 @@ class ScheduleRunner:
                 state.run(item)
                 done += 1
                 if i in self._grads_final and self.dp_group is not None:
-                    reductions.append(self._start_reduce(self._grads_final[i]))
+                    s = self._grads_final[i]  # stage s's gradients are final: average them
+                    params = self.stages[s].module.parameters()
+                    label = f"stage {s}"
+                    reductions.append(
+                        average_gradients(params, self.dp_group, timeout=self.timeout, label=label)
+                    )
             self.p2p.finish()  # nothing pending on the wire
-            for work, stage, flat, grads in reductions:
-                self._finish_reduce(work, stage, flat, grads)
+            for pending in reductions:
+                pending.wait()
             losses = state.finish()
         except BaseException as exc:
             for st in self.stages.values():
                 st.reset()  # drop cached graphs: a failed step leaks nothing
-            if isinstance(exc, CommTimeout | StageError | ValueError):
+            if isinstance(exc, TimeoutError | StageError | ValueError):  # CommTimeout too
                 # a send follows the action that produced it; everything else is at `done`
-                sending = isinstance(item, Comm) and item.op == "send"
+                sending = isinstance(item, Comm) and item.op is CommOp.SEND
                 mark = (self.rank, done - 1 if sending else done)
                 exc.add_note(f"where rank {self.rank} was:\n{self.schedule.to_grid([mark])}")
             raise
@@ -172,11 +181,10 @@ class ScheduleRunner:
 
     # ------------------------------------------------------------------ pieces
     def _move(self, comm: Comm, state: StepState, next_recv: Comm | None) -> None:
-        key = (comm.what, comm.stage, comm.microbatch)
-        if comm.op == "recv":
-            state.inbox[key] = self.p2p.recv(comm, next_recv)
+        if comm.op is CommOp.RECV:
+            state.inbox[comm.key] = self.p2p.recv(comm, next_recv)
         else:
-            self.p2p.send(comm, state.outbox.pop(key))
+            self.p2p.send(comm, state.outbox.pop(comm.key))
 
     def _barrier(self) -> None:
         try:
@@ -191,43 +199,3 @@ class ScheduleRunner:
                 f"{self.timeout:g} s; one probably failed before it (see its error). "
                 f"[{str(exc).strip()[:300]}]"
             ) from exc
-
-    def _start_reduce(self, stage: int) -> tuple[Any, int, torch.Tensor, list[torch.Tensor]]:
-        # One flat buffer per stage: one all-reduce instead of one per parameter.
-        grads = [p.grad for p in self.stages[stage].module.parameters() if p.grad is not None]
-        flat = (
-            torch.cat([g.reshape(-1) for g in grads])
-            if grads
-            else torch.zeros(0, device=self.p2p.device)
-        )
-        work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
-        return work, stage, flat, grads
-
-    def _finish_reduce(self, work: Any, stage: int, flat: torch.Tensor, grads: list) -> None:
-        try:
-            work.wait(datetime.timedelta(seconds=self.timeout))
-        except RuntimeError as exc:
-            raise CommTimeout(
-                f"rank {self.rank}: averaging stage {stage}'s gradients over the data-parallel "
-                f"group did not finish within {self.timeout:g} s ({exc})"
-            ) from exc
-        flat /= dist.get_world_size(self.dp_group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-
-def pp_dp_groups(pp: int, dp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup, int, int]:
-    """Lays ``pp * dp`` ranks out as ``dp`` pipelines of ``pp`` consecutive ranks.
-
-    Returns ``(pp_group, dp_group, pp_rank, dp_rank)`` for the calling rank: global rank
-    ``g`` is stage-rank ``g % pp`` of pipeline ``g // pp``. Every rank must call this (group
-    creation is collective), with the same ``pp`` and ``dp``.
-    """
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if pp * dp != world:
-        raise ValueError(f"pp={pp} x dp={dp} = {pp * dp} ranks, but the world has {world}")
-    pp_groups = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
-    dp_groups = [dist.new_group(list(range(p, world, pp))) for p in range(pp)]
-    return pp_groups[rank // pp], dp_groups[rank % pp], rank % pp, rank // pp

@@ -6,9 +6,13 @@ from the step's start in ``LocalPipeline``; wall-clock on a ``ScheduleRunner`` r
 for all processes of a host), and from 0 again once ``Trace.merge`` joins the ranks.
 
 The memory record counts, after every action, how many microbatches each stage really holds:
-between F and I/B (activations) and between I and W (weight-gradient state). That is the
-quantity the simulator's memory model counts, so ``trace.peak_memory`` is comparable with
-``Simulation.peak_memory``.
+between F and I/B (activations) and between I and W (weight-gradient state). Weighted by a
+``Costs`` (``mem_activation`` per activation, ``mem_weight`` per pending W) and placed in
+time by the one memory rule of ``zbkit.schedules.events`` (growth at an action's start,
+shrinking at its end), it is the quantity the simulator's memory model gives, so
+``trace.memory_for(costs)`` is comparable with ``simulate(schedule, costs).memory``. The
+weights are ``trace.costs``: ``Costs()`` (one unit per activation, pending Ws free) unless
+set, and the repr says so.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, NamedTuple
 
-from zbkit.schedules import Event, bubble_rate
+from zbkit.schedules import Costs, Event, bubble_rate, memory_steps
 
 
 class MemorySample(NamedTuple):
@@ -48,12 +52,15 @@ class Trace:
     events: list[Event] = field(default_factory=list)
     comm: list[CommEvent] = field(default_factory=list)
     memory_samples: list[MemorySample] = field(default_factory=list)
+    # weights of `memory` / `peak_memory` (None: Costs(), one unit per activation held)
+    costs: Costs | list[Costs] | None = None
 
     def __repr__(self) -> str:
         ranks = sorted({e.rank for e in self.events})
+        units = "" if self.costs is not None else " activations"
         return (
             f"Trace(ranks={ranks}, events={len(self.events)}, "
-            f"makespan={self.makespan:.4g} s, peak_memory={self.peak_memory})"
+            f"makespan={self.makespan:.4g} s, peak_memory={self.peak_memory}{units})"
         )
 
     @classmethod
@@ -69,6 +76,7 @@ class Trace:
                 out.events += t.events
                 out.comm += t.comm
                 out.memory_samples += t.memory_samples
+                out.costs = t.costs if out.costs is None else out.costs
         t0 = min((e.start for e in out.events), default=0.0)
         out.events = sorted(
             (e._replace(start=e.start - t0, end=e.end - t0) for e in out.events),
@@ -95,30 +103,61 @@ class Trace:
         return bubble_rate(self.events)
 
     # ------------------------------------------------------------------ memory
-    def memory_for(self, mem_activation: float = 1.0, mem_weight: float = 0.0) -> list[list]:
-        """Per rank: (time, held) steps, held = sum over its stages of the weighted counts."""
-        ranks: dict[int, dict[int, float]] = {}
-        steps: dict[int, list[tuple[float, float]]] = {}
+    def memory_for(
+        self, costs: Costs | list[Costs] | float | None = None, mem_weight: float | None = None
+    ) -> list[list[tuple[float, float]]]:
+        """Per rank: (time, memory held) steps, the measured counts weighted by ``costs``.
+
+        ``costs``: one ``Costs`` or one per stage (default ``self.costs``, else ``Costs()``);
+        the older form ``memory_for(mem_activation, mem_weight)`` still works.
+        """
+        per_stage = _weights(self.costs if costs is None else costs, mem_weight)
+        events: dict[int, list[Event]] = {}
+        for e in sorted(self.events, key=lambda e: (e.rank, e.start)):
+            events.setdefault(e.rank, []).append(e)
+        samples: dict[int, list[MemorySample]] = {}
         for s in sorted(self.memory_samples, key=lambda s: (s.rank, s.time)):
-            held = ranks.setdefault(s.rank, {})
-            held[s.stage] = s.activations * mem_activation + s.weight_state * mem_weight
-            steps.setdefault(s.rank, []).append((s.time, sum(held.values())))
-        return [steps.get(r, []) for r in range(max(steps, default=-1) + 1)]
+            samples.setdefault(s.rank, []).append(s)
+        out: list[list[tuple[float, float]]] = []
+        for rank in range(max([*events, *samples], default=-1) + 1):
+            mine, record = events.get(rank, []), samples.get(rank, [])
+            if not self.memory_samples:  # events alone (e.g. built by hand): the costs' rule
+                deltas = [per_stage(e.stage).memory(e.kind) for e in mine]
+                out.append(memory_steps(mine, deltas)[rank] if mine else [])
+                continue
+            if len(mine) != len(record):  # one sample per action; else say what was recorded
+                raise ValueError(
+                    f"rank {rank} has {len(mine)} events but {len(record)} memory samples; a "
+                    "trace records one of each per action"
+                )
+            held: dict[int, float] = {}  # stage -> weighted microbatches held
+            deltas, level = [], 0.0
+            for sample in record:
+                c = per_stage(sample.stage)
+                held[sample.stage] = (
+                    sample.activations * c.mem_activation + sample.weight_state * c.mem_weight
+                )
+                deltas.append(sum(held.values()) - level)
+                level += deltas[-1]
+            # the same rule as the simulator's: growth at an action's start, shrinking at its end
+            out.append(memory_steps(mine, deltas)[rank] if mine else [])
+        return out
 
     @property
     def memory(self) -> list[list[tuple[float, float]]]:
-        """Per rank: (time, microbatches of activations held), as ``Simulation.memory``."""
+        """Per rank: (time, memory held), weighted by ``self.costs`` (default ``Costs()``)."""
         return self.memory_for()
 
-    def peak_for(self, mem_activation: float = 1.0, mem_weight: float = 0.0) -> list[float]:
+    def peak_for(
+        self, costs: Costs | list[Costs] | float | None = None, mem_weight: float | None = None
+    ) -> list[float]:
         return [
-            max((h for _, h in steps), default=0.0)
-            for steps in self.memory_for(mem_activation, mem_weight)
+            max((h for _, h in steps), default=0.0) for steps in self.memory_for(costs, mem_weight)
         ]
 
     @property
     def peak_memory(self) -> list[float]:
-        """Per rank: most microbatches of activations held at once (default ``Costs``)."""
+        """Per rank: the most memory held at once, weighted by ``self.costs``."""
         return self.peak_for()
 
     # ------------------------------------------------------------------ export
@@ -126,7 +165,7 @@ class Trace:
         """Chrome-trace JSON (open in https://ui.perfetto.dev); written to ``path`` if given.
 
         One process per rank; thread 0 holds compute actions, thread 1 communication, and a
-        counter track shows the activations held.
+        counter track shows the memory held (weighted by ``self.costs``).
         """
         us = 1e6  # Chrome traces count microseconds
         out: list[dict[str, Any]] = []
@@ -165,11 +204,11 @@ class Trace:
             for time, held in steps:
                 out.append(
                     {
-                        "name": "activations held",
+                        "name": "memory held",
                         "ph": "C",
                         "pid": rank,
                         "ts": time * us,
-                        "args": {"microbatches": held},
+                        "args": {"held": held},
                     }
                 )
         doc = {"traceEvents": out, "displayTimeUnit": "ms"}
@@ -177,3 +216,14 @@ class Trace:
             with open(path, "w") as f:
                 json.dump(doc, f)
         return doc
+
+
+def _weights(costs: Any, mem_weight: float | None):
+    """stage -> Costs, from one Costs, a list per stage, None, or (mem_activation, mem_weight)."""
+    if costs is None:
+        costs = Costs()
+    elif isinstance(costs, int | float):  # the older memory_for(mem_activation, mem_weight)
+        costs = Costs(mem_activation=costs, mem_weight=mem_weight or 0.0)
+    if isinstance(costs, Costs):
+        return lambda stage: costs
+    return lambda stage: costs[stage]

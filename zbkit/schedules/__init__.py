@@ -4,24 +4,38 @@
 >>> s = build_schedule("zb-h1", pp=4, microbatches=8)
 >>> print(s)                      # rank-by-step grid
 >>> simulate(s, Costs(F=1, I=1, W=1)).bubble_rate
+
+The layers and where to add a schedule or an action kind: docs/architecture.md.
 """
 
-from zbkit.schedules.action import Action
+from zbkit.schedules.action import KINDS, Action, Kind, Product
 from zbkit.schedules.builders import SCHEDULES, build_schedule
+from zbkit.schedules.costs import Costs
+from zbkit.schedules.events import Event, bubble_rate, memory_deltas, memory_steps
+from zbkit.schedules.plan import Comm, CommOp, Plan, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.simulate import Costs, Event, Simulation, bubble_rate, simulate
+from zbkit.schedules.simulate import Simulation, simulate
 from zbkit.schedules.validate import validate
 
 __all__ = [
+    "KINDS",
     "SCHEDULES",
     "Action",
+    "Comm",
+    "CommOp",
     "Costs",
     "Event",
+    "Kind",
+    "Plan",
+    "Product",
     "Schedule",
     "ScheduleError",
     "Simulation",
     "bubble_rate",
     "build_schedule",
+    "derive_plan",
+    "memory_deltas",
+    "memory_steps",
     "simulate",
     "validate",
 ]

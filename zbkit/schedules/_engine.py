@@ -1,33 +1,35 @@
 """Run a schedule's dependencies: each rank walks its program in order, one action at a time.
 
-Dependencies (DESIGN.md): F(s,j) needs F(s-1,j); I or B of (s,j) needs F(s,j) and the input
-gradient of (s+1,j), i.e. its I or B (the last stage needs only its F); W(s,j) needs I(s,j).
-A wait on another rank costs `comm`. The same walk gives the simulator its times and the
-validator its deadlock report (a rank whose next action waits on something never done).
+What an action waits for comes from the `KINDS` table (`Kind.needs`): F(s,j) needs the
+forward output of (s-1,j); I or B of (s,j) need F(s,j) and the input gradient of (s+1,j)
+(the last stage only its F); W(s,j) needs I(s,j). A wait on another rank costs `comm`.
+The same walk gives the simulator its times and the validator its deadlock report (a rank
+whose next action waits on something never done).
 
 Inner loops use integer keys (what, stage, microbatch) -> what*n*m + stage*m + microbatch,
-what = 0 forward done, 1 input gradient done (I or B), 2 weight gradient done: a 24k-action
-schedule must simulate in a few tens of milliseconds for a slider to feel live.
+what = the index of the product in `_WHAT` (0 forward output, 1 input gradient); a kind
+that makes nothing others wait for (W) books `len(_WHAT)`. A 24k-action schedule must
+simulate in a few tens of milliseconds for a slider to feel live.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zbkit.schedules.action import Action
+from zbkit.schedules.action import KINDS, Action, Product
 from zbkit.schedules.schedule import Schedule
 
-_DONE = {"F": 0, "I": 1, "B": 1, "W": 2}  # what finishing each kind makes available
+_WHAT = {p: i for i, p in enumerate(Product)}
+# what finishing each kind makes available (an index into _WHAT; W: nothing = len(_WHAT))
+_DONE = {k: _WHAT[kind.makes] if kind.makes else len(_WHAT) for k, kind in KINDS.items()}
+# per kind: (what, stage offset) it waits for
+_NEEDS = {k: tuple((_WHAT[p], d) for p, d in kind.needs) for k, kind in KINDS.items()}
 
 
 def dependencies(a: Action, last_stage: int) -> list[tuple[int, int, int]]:
     """(what, stage, microbatch) that `a` waits for; what as in the module docstring."""
-    s, j = a.stage, a.microbatch
-    if a.kind == "F":
-        return [(0, s - 1, j)] if s > 0 else []
-    if a.kind == "W":
-        return [(1, s, j)]
-    return [(0, s, j)] + ([(1, s + 1, j)] if s < last_stage else [])
+    s = a.stage
+    return [(w, s + d, a.microbatch) for w, d in _NEEDS[a.kind] if 0 <= s + d <= last_stage]
 
 
 class Stuck(Exception):
@@ -51,7 +53,7 @@ def run(
     program, where = schedule.program, schedule.stage_to_rank
     n, m = schedule.num_stages, schedule.microbatches
     last, nm = n - 1, n * m
-    done: list[float | None] = [None] * (3 * nm)
+    done: list[float | None] = [None] * ((len(_WHAT) + 1) * nm)
     waiting: dict[int, list[int]] = {}  # key -> ranks whose next action needs it
     times: dict[int, list[tuple[float, float]]] = {r: [] for r in program}
     free = dict.fromkeys(program, 0.0)
@@ -63,23 +65,16 @@ def run(
         while len(out) < len(actions):
             a = actions[len(out)]
             s, kind, j = a.stage, a.kind, a.microbatch
-            # at most two dependencies: (key, stage it lives on)
-            if kind == "F":
-                d1, s1, d2 = (s - 1) * m + j if s else -1, s - 1, -1
-                s2 = s1
-            elif kind == "W":
-                d1, s1, d2, s2 = nm + s * m + j, s, -1, s
-            else:
-                d1, s1 = s * m + j, s
-                d2, s2 = (nm + (s + 1) * m + j, s + 1) if s < last else (-1, s)
             start = t_free
             blocked = -1
-            for d, ds in ((d1, s1), (d2, s2)):
-                if d < 0:
-                    continue
-                t = done[d]
+            for what, d in _NEEDS[kind]:
+                ds = s + d
+                if ds < 0 or ds > last:
+                    continue  # outside the pipeline: the first stage's input, the loss
+                key = what * nm + ds * m + j
+                t = done[key]
                 if t is None:
-                    blocked = d
+                    blocked = key
                     break
                 if where[ds] != r:
                     t += comm[s]

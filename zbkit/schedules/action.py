@@ -8,34 +8,81 @@ torch.distributed.pipelining):
     W  backward for the weight gradient nobody waits for it: it fills bubbles
     B  full backward (I then W at once) the classic 1F1B backward
 
-Everything that differs between kinds lives in the one `KINDS` table below, so the
-simulator, the validator and the builders never branch on kind letters by hand.
+Everything that differs between kinds lives in the one `KINDS` table below: what an
+action waits for, what it makes and which stage consumes it, which units of work it does
+(its duration is their `Costs` sum) and how it changes the memory held. The engine, the
+validator, the communication plan, the executors, the memory rule and the drawings all
+ask the table, so a new kind is one entry here plus one executor method
+(`zbkit.pipeline._execute.StepState`); docs/architecture.md shows where.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
-__all__ = ["KINDS", "Action", "Kind"]
+__all__ = ["KINDS", "PARTS", "Action", "Kind", "Product", "kinds_making"]
+
+
+class Product(StrEnum):
+    """What an action makes that another action waits for (a str, so it prints plainly)."""
+
+    ACT = "act"  # a forward's outputs: the next stage's forward consumes them
+    GRAD = "grad"  # an input gradient: the previous stage's backward consumes it
+
+
+# The units of work a (stage, microbatch) needs, each exactly once, in this order.
+PARTS = ("F", "I", "W")
 
 
 @dataclass(frozen=True, slots=True)
 class Kind:
     letter: str
-    name: str
-    time: tuple[str, ...]  # Costs fields whose sum is the duration (B = I + W)
+    name: str  # what the legend and the messages call it
+    parts: tuple[str, ...]  # units of work it does (B = I + W); duration = their Costs sum
     act: int  # change of held activations, in units of Costs.mem_activation
     weight: int  # change of held weight-grad inputs, in units of Costs.mem_weight
-    done_key: str  # what finishing it makes available to others ("F", "X" = input grad, "W")
+    # what it waits for: (product, stage offset); (ACT, -1) = the previous stage's forward
+    # output, (ACT, 0) = its own forward ran. Offsets outside the pipeline are dropped.
+    needs: tuple[tuple[Product, int], ...]
+    makes: Product | None  # what finishing it makes available to others
+    to: int  # stage offset of whoever consumes `makes` on another stage (0: same stage only)
+    run: str  # the executor method that runs it: StepState.run_<run> (pipeline/_execute.py)
 
+    @property
+    def time(self) -> tuple[str, ...]:  # the old name of `parts`
+        return self.parts
+
+    def needs_of(self, stage: int, num_stages: int) -> list[tuple[Product, int]]:
+        """(product, producing stage) this kind waits for at `stage`, inside the pipeline."""
+        return [(p, stage + d) for p, d in self.needs if 0 <= stage + d < num_stages]
+
+    def consumer(self, stage: int, num_stages: int) -> int | None:
+        """The other stage that consumes what this kind makes at `stage`, if any."""
+        if self.makes is None or self.to == 0 or not 0 <= stage + self.to < num_stages:
+            return None
+        return stage + self.to
+
+
+_ACT, _GRAD = Product.ACT, Product.GRAD
+_FWD = ((_ACT, -1),)  # the previous stage's forward output
+_BWD = ((_ACT, 0), (_GRAD, +1))  # its own forward ran; the next stage's input gradient
+_WGT = ((_GRAD, 0),)  # its own I ran (what I leaves behind)
 
 KINDS: dict[str, Kind] = {
-    "F": Kind("F", "forward", ("F",), +1, 0, "F"),
-    "I": Kind("I", "backward-input", ("I",), -1, +1, "X"),
-    "W": Kind("W", "backward-weight", ("W",), 0, -1, "W"),
-    "B": Kind("B", "full backward", ("I", "W"), -1, 0, "X"),
-}
+    #         letter name                   parts     act wt  needs makes  to  executor method
+    "F": Kind("F", "forward",               ("F",),    +1, 0,  _FWD, _ACT,  +1, "forward"),
+    "I": Kind("I", "input grad",            ("I",),    -1, +1, _BWD, _GRAD, -1, "backward_input"),
+    "W": Kind("W", "weight grad",           ("W",),     0, -1, _WGT, None,   0, "backward_weight"),
+    "B": Kind("B", "full backward (I+W)",   ("I", "W"), -1, 0, _BWD, _GRAD, -1, "backward_full"),
+}  # fmt: skip
+
+
+def kinds_making(product: Product) -> list[Kind]:
+    """The kinds whose finishing makes `product` (for ACT: F; for GRAD: I and B)."""
+    return [k for k in KINDS.values() if k.makes == product]
+
 
 _PATTERN = re.compile(r"^\s*(\d+)\s*([A-Za-z]+)\s*(\d+)\s*$")
 
@@ -50,10 +97,10 @@ class Action:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
+            names = ", ".join(f"{k.letter} {k.name}" for k in KINDS.values())
             raise ValueError(
                 f"unknown action kind {self.kind!r} in {self.stage}{self.kind}{self.microbatch}: "
-                f"use one of {', '.join(KINDS)} (F forward, I input grad, W weight grad, "
-                "B full backward)"
+                f"use one of {', '.join(KINDS)} ({names})"
             )
         if not isinstance(self.stage, int) or not isinstance(self.microbatch, int):
             raise TypeError(

@@ -9,21 +9,24 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
-from zbkit.schedules.simulate import Costs, Event
+from zbkit.schedules.action import KINDS, PARTS, kinds_making
+from zbkit.schedules.costs import Costs
+from zbkit.schedules.events import Event
 
 EventKey = tuple[int, str, int]  # (stage, kind, microbatch)
 
 
 def input_producer(e: Event, by_key: Mapping[EventKey, Event], last_stage: int) -> Event | None:
-    """The action whose tensors ``e`` consumes: F of stage s-1 for an F of s; the I (or B) of
-    stage s+1 for an I or B of s; None for what reads no other stage's tensors (stage 0's F,
-    the last stage's I or B, every W)."""
-    if e.kind == "F" and e.stage > 0:
-        return by_key.get((e.stage - 1, "F", e.microbatch))
-    if e.kind in "IB" and e.stage < last_stage:
-        return by_key.get((e.stage + 1, "I", e.microbatch)) or by_key.get(
-            (e.stage + 1, "B", e.microbatch)
-        )
+    """The action whose tensors ``e`` consumes from another stage (``Kind.needs`` with a
+    stage offset): F of stage s-1 for an F of s; the I (or B) of stage s+1 for an I or B of
+    s; None for what reads no other stage's tensors (stage 0's F, the last stage's I or B,
+    every W)."""
+    for product, stage in KINDS[e.kind].needs_of(e.stage, last_stage + 1):
+        if stage != e.stage:
+            for maker in kinds_making(product):
+                src = by_key.get((stage, maker.letter, e.microbatch))
+                if src is not None:
+                    return src
     return None
 
 
@@ -52,18 +55,22 @@ def hop_latency(events: Sequence[Event]) -> float:
 
 
 def measured_costs(events: Iterable[Event], num_stages: int, comm: float = 0.0) -> list[Costs]:
-    """Per stage: the median F, I and W seen (a B, the unsplit backward, counts half to each)."""
-    times: dict[tuple[int, str], list[float]] = {}
+    """Per stage: the median time of each part of the work (F, I, W); an action doing several
+    parts (B = I + W) counts its time shared equally among them, where no action does the
+    part alone."""
+    alone: dict[tuple[int, str], list[float]] = {}  # (stage, part) -> times of one-part kinds
+    shared: dict[tuple[int, str], list[float]] = {}
     for e in events:
-        times.setdefault((e.stage, e.kind), []).append(e.end - e.start)
-    med = {key: statistics.median(v) for key, v in times.items()}
+        parts = KINDS[e.kind].parts
+        into = alone if len(parts) == 1 else shared
+        for part in parts:
+            into.setdefault((e.stage, part), []).append((e.end - e.start) / len(parts))
     out = []
     for s in range(num_stages):
-        if (s, "F") not in med:
+        if (s, PARTS[0]) not in alone:
             raise ValueError(f"no F of stage {s} in the trace: was it recorded on every rank?")
-        if (s, "I") in med:
-            i, w = med[s, "I"], med.get((s, "W"), 0.0)
-        else:
-            i = w = med.get((s, "B"), 0.0) / 2
-        out.append(Costs(F=med[s, "F"], I=i, W=w, comm=comm))
+        med = {
+            p: statistics.median(alone.get((s, p)) or shared.get((s, p)) or [0.0]) for p in PARTS
+        }
+        out.append(Costs(**med, comm=comm))
     return out

@@ -3,19 +3,28 @@
 Each failure raises `ScheduleError` naming rank, position, stage and microbatch, with the
 rank-by-step grid and the failing cells marked `<-- ERROR HERE`.
 
-The checks run in one pass per rank over integer keys (kind, stage, microbatch) ->
-position, so a 24k-action schedule validates in a few tens of milliseconds.
+What each kind needs and which parts of the work (F, I, W) it does come from the `KINDS`
+table; the checks run in one pass per rank, so a 24k-action schedule validates in a few
+tens of milliseconds.
 """
 
 from __future__ import annotations
 
 from zbkit.schedules import _engine
-from zbkit.schedules.action import Action
+from zbkit.schedules.action import KINDS, PARTS, Action, Product, kinds_making
 from zbkit.schedules.schedule import Schedule, ScheduleError
 
 __all__ = ["validate"]
 
-_CODE = {"F": 0, "I": 1, "W": 2, "B": 3}
+# each part of the work by the name of the kind that does only it: forward, input grad, ...
+_PART_NAME = {p: next(k.name for k in KINDS.values() if k.parts == (p,)) for p in PARTS}
+
+
+def _ways(s: object = "s", j: object = "j") -> str:
+    """The ways to do a backward, from the table: 'sBj, or sIj then sWj'."""
+    whole = [f"{s}{k.letter}{j}" for k in KINDS.values() if set(k.parts) == set(PARTS[1:])]
+    split = " then ".join(f"{s}{p}{j}" for p in PARTS[1:])
+    return ", or ".join([*whole, split])
 
 
 class _Unit(dict):
@@ -39,8 +48,8 @@ def _where(a: Action) -> str:
 def validate(schedule: Schedule) -> None:
     """Raise `ScheduleError` if `schedule` misses, repeats or misorders an action or deadlocks."""
     _check_shape(schedule)
-    at = _check_actions(schedule)
-    _check_complete(schedule, at)
+    done = _check_actions(schedule)
+    _check_complete(schedule, done)
     try:
         _engine.run(schedule, _UNIT, [0.0] * schedule.num_stages)
     except _engine.Stuck as stuck:
@@ -63,18 +72,25 @@ def _check_shape(schedule: Schedule) -> None:
         raise ScheduleError(f"rank(s) {empty} hold no stage in stage_to_rank {placement}")
 
 
-def _check_actions(schedule: Schedule) -> list[int]:
-    """One pass per rank; returns at[key] = position of the action (-1 if absent)."""
+def _check_actions(schedule: Schedule) -> dict[tuple[str, int, int], tuple[int, Action]]:
+    """One pass per rank, asking the `KINDS` table; returns (part, stage, mb) -> (pos, action).
+
+    Each action must be new, on its stage's rank, do no part of the work (F, I, W) that an
+    earlier action already did, and come after what it needs from its own stage.
+    """
     n, m = schedule.num_stages, schedule.microbatches
-    nm, where = n * m, schedule.stage_to_rank
-    at = [-1] * (4 * nm)  # key = code * n*m + stage * m + microbatch
+    where = schedule.stage_to_rank
+    seen: dict[Action, int] = {}
+    done: dict[tuple[str, int, int], tuple[int, Action]] = {}  # (part, s, j) -> who did it
     for rank in range(schedule.pp):
+        made: set[tuple[Product, int, int]] = set()  # what this rank's actions made so far
         for pos, a in enumerate(schedule.program[rank]):
             if not isinstance(a, Action):
                 raise _fail(
                     schedule, f"rank {rank}, position {pos}: {a!r} is not an Action", [(rank, pos)]
                 )
-            s, k, j = a.stage, a.kind, a.microbatch
+            s, j, kind = a.stage, a.microbatch, a.info
+            here = f"rank {rank}, position {pos}: {_where(a)}"
             if s >= n or j >= m:
                 raise _fail(
                     schedule,
@@ -85,97 +101,83 @@ def _check_actions(schedule: Schedule) -> list[int]:
             if where[s] != rank:
                 raise _fail(
                     schedule,
-                    f"rank {rank}, position {pos}: {_where(a)} runs on rank {rank}, but stage "
-                    f"{s} lives on rank {where[s]}; a stage cannot be on two ranks",
+                    f"{here} runs on rank {rank}, but stage {s} lives on rank {where[s]}; a "
+                    "stage cannot be on two ranks",
                     [(rank, pos)],
                 )
-            base = s * m + j
-            key = _CODE[k] * nm + base
-            if at[key] >= 0:
-                raise _fail(
-                    schedule,
-                    f"rank {rank}, position {pos}: {_where(a)} is repeated (first at position "
-                    f"{at[key]})",
-                    [(rank, at[key]), (rank, pos)],
-                )
-            # same stage means same rank, so "seen" below means "earlier on this rank"
-            if k == "I" or k == "B":
-                other = (3 if k == "I" else 1) * nm + base
-                if at[other] >= 0:
+            if a in seen:
+                msg = f"{here} is repeated (first at position {seen[a]})"
+                raise _fail(schedule, msg, [(rank, seen[a]), (rank, pos)])
+            for part in kind.parts:
+                if (part, s, j) in done:
+                    p2, other = done[part, s, j]
                     raise _fail(
                         schedule,
-                        f"rank {rank}, position {pos}: {_where(a)} computes the backward a second "
-                        f"time ({s}{'B' if k == 'I' else 'I'}{j} at position {at[other]}); use B "
-                        "alone or I then W",
-                        [(rank, at[other]), (rank, pos)],
+                        f"{here} computes the {_PART_NAME[part]} a second time ({other} at "
+                        f"position {p2} did); each of {', '.join(PARTS)} runs once per stage "
+                        f"and microbatch: {_ways()}",
+                        [(rank, p2), (rank, pos)],
                     )
-                if at[base] < 0:
-                    forward = Action(s, "F", j)
-                    later = forward in schedule.program[rank]
+            # same stage means same rank, so "made" below means "earlier on this rank"
+            for product, stage in kind.needs_of(s, n):
+                if stage == s and (product, s, j) not in made:
+                    options = [Action(s, k.letter, j) for k in kinds_making(product)]
+                    later = next((o for o in options if o in schedule.program[rank]), None)
+                    producer = later or options[0]
                     problem = (
-                        f"comes before its forward {forward}"
+                        f"comes before its {producer.info.name} {producer}"
                         if later
-                        else f"but {forward} is missing"
+                        else f"but {producer} is missing"
                     )
-                    raise _fail(
-                        schedule,
-                        f"rank {rank}, position {pos}: {_where(a)} {problem}",
-                        [(rank, pos)],
-                    )
-            elif k == "W":
-                if at[3 * nm + base] >= 0:
-                    raise _fail(
-                        schedule,
-                        f"rank {rank}, position {pos}: {_where(a)} after the full backward {s}B{j} "
-                        "already computed the weight gradient",
-                        [(rank, at[3 * nm + base]), (rank, pos)],
-                    )
-                if at[nm + base] < 0:
-                    raise _fail(
-                        schedule,
-                        f"rank {rank}, position {pos}: {_where(a)} comes before its input-gradient "
-                        f"pass {s}I{j} (W needs what I leaves behind)",
-                        [(rank, pos)],
-                    )
-            at[key] = pos
-    return at
+                    raise _fail(schedule, f"{here} {problem}", [(rank, pos)])
+            for part in kind.parts:
+                done[part, s, j] = (pos, a)
+            if kind.makes is not None:
+                made.add((kind.makes, s, j))
+            seen[a] = pos
+    return done
 
 
-def _check_complete(schedule: Schedule, at: list[int]) -> None:
-    n, m = schedule.num_stages, schedule.microbatches
-    nm = n * m
-    for s in range(n):
+def _check_complete(
+    schedule: Schedule, done: dict[tuple[str, int, int], tuple[int, Action]]
+) -> None:
+    """Every (stage, microbatch) does each part of the work: F, then I and W (or B)."""
+    for s in range(schedule.num_stages):
         rank = schedule.stage_to_rank[s]
         end = [(rank, len(schedule.program[rank]))]
-        for j in range(m):
-            base = s * m + j
-            if at[base] < 0:
-                msg = f"rank {rank}: missing {s}F{j} (stage {s}, microbatch {j})"
+        for j in range(schedule.microbatches):
+            missing = [p for p in PARTS if (p, s, j) not in done]
+            if not missing:
+                continue
+            if PARTS[0] in missing:
+                msg = f"rank {rank}: missing {s}{PARTS[0]}{j} (stage {s}, microbatch {j})"
                 raise _fail(schedule, msg, end)
-            i_pos = at[nm + base]
-            if i_pos >= 0 and at[2 * nm + base] < 0:
+            present = [done[p, s, j] for p in PARTS[1:] if (p, s, j) in done]
+            alternatives = " or ".join(
+                f"{s}{k.letter}{j}" for k in KINDS.values() if set(k.parts) & set(missing)
+            )
+            if present:
+                pos, other = present[0]
                 raise _fail(
                     schedule,
-                    f"rank {rank}, position {i_pos}: {s}I{j} (stage {s}, microbatch {j}) has no "
-                    f"matching {s}W{j}: the weight gradient would never be computed",
-                    [(rank, i_pos)],
+                    f"rank {rank}, position {pos}: {_where(other)} has no matching "
+                    f"{alternatives}: the {_PART_NAME[missing[0]]} would never be computed",
+                    [(rank, pos)],
                 )
-            if i_pos < 0 and at[3 * nm + base] < 0:
-                raise _fail(
-                    schedule,
-                    f"rank {rank}: missing the backward of stage {s}, microbatch {j} "
-                    f"({s}B{j}, or {s}I{j} then {s}W{j})",
-                    end,
-                )
+            raise _fail(
+                schedule,
+                f"rank {rank}: missing the backward of stage {s}, microbatch {j} ({_ways(s, j)})",
+                end,
+            )
 
 
 def _deadlock(schedule: Schedule, stuck: _engine.Stuck) -> ScheduleError:
     seen = {a: (r, p) for r, prog in schedule.program.items() for p, a in enumerate(prog)}
     lines = []
     for rank, (pos, a, (what, s, j)) in sorted(stuck.blocked.items()):
-        # the action that would produce what is awaited: F, or the I/B of that (stage, mb)
-        kinds = "F" if what == 0 else "IB"
-        producer = next((Action(s, k, j) for k in kinds if Action(s, k, j) in seen), None)
+        # the action that would make what is awaited (F; or I or B), from the table
+        makers = [Action(s, k.letter, j) for k in kinds_making(list(Product)[what])]
+        producer = next((p for p in makers if p in seen), None)
         if producer is None:
             lines.append(f"  rank {rank}, position {pos}: {_where(a)} waits for stage {s} mb {j}")
         else:

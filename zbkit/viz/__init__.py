@@ -7,5 +7,6 @@ Chrome / Perfetto export of a measured run: `zbkit.pipeline.trace.Trace.to_chrom
 
 from zbkit.viz.graph import draw_graph
 from zbkit.viz.schedule_plot import plot_memory, plot_schedule
+from zbkit.viz.timeline import Timeline, timeline
 
-__all__ = ["draw_graph", "plot_memory", "plot_schedule"]
+__all__ = ["Timeline", "draw_graph", "plot_memory", "plot_schedule", "timeline"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from zbkit.schedules import KINDS
+
 # Colours follow the zero-bubble paper's figures: forward blue, input-grad (their "B") teal,
 # weight-grad green; our unsplit "B" (= I then W) is a purple between them.
 KIND_COLORS = {
@@ -10,12 +12,13 @@ KIND_COLORS = {
     "W": "#8cc063",
     "B": "#a88bc9",
 }
-KIND_NAMES = {
-    "F": "forward",
-    "I": "input grad",
-    "W": "weight grad",
-    "B": "full backward (I+W)",
-}
+OTHER_KIND_COLOR = "#c8c8c8"  # a kind added to the table without a colour of its own
+KIND_NAMES = {letter: kind.name for letter, kind in KINDS.items()}  # the table's words
+
+
+def kind_color(letter: str) -> str:
+    return KIND_COLORS.get(letter, OTHER_KIND_COLOR)
+
 
 IDLE_COLOR = "#eeeeee"  # bubbles: a rank waiting
 LIMIT_COLOR = "#d62728"  # memory limit line

@@ -12,10 +12,10 @@ from typing import Any, Literal
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 
-from zbkit.viz._colors import IDLE_COLOR, KIND_COLORS, KIND_NAMES, LIMIT_COLOR
-from zbkit.viz._events import Event, Timeline, timeline
+from zbkit.schedules import KINDS, Event, memory_deltas, memory_steps
+from zbkit.viz._colors import IDLE_COLOR, LIMIT_COLOR, kind_color
 from zbkit.viz._figure import ZbFigure
-from zbkit.viz._memory import memory_steps
+from zbkit.viz.timeline import Timeline, timeline
 
 _DPI = 100
 _FONT_PX = 5.5  # rough width of one character at fontsize 7, in pixels at 100 dpi
@@ -103,7 +103,7 @@ def plot_schedule(
         idle.append([(0, y - 0.45), (span, y - 0.45), (span, y + 0.45), (0, y + 0.45)])
         events = [e for e in t.events if e.rank == rank]
         verts += _rects(events, y, 0.38)
-        colors += [KIND_COLORS[e.kind] for e in events]
+        colors += [kind_color(e.kind) for e in events]
         if overlay is not None:
             theirs = [e for e in overlay.events if e.rank == rank]
             outline_verts += _rects(theirs, y, 0.44)
@@ -142,8 +142,8 @@ def plot_schedule(
         ax.spines[side].set_visible(False)
 
     present = {e.kind for e in main.events} | ({e.kind for e in ref.events} if ref else set())
-    kinds = [k for k in KIND_COLORS if k in present]  # F, I, W, B order
-    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{k}: {KIND_NAMES[k]}") for k in kinds]
+    kinds = [k for k in KINDS.values() if k.letter in present]  # the table's order
+    handles = [Patch(facecolor=kind_color(k.letter), label=f"{k.letter}: {k.name}") for k in kinds]
     handles.append(Patch(facecolor=IDLE_COLOR, hatch="//", label="idle (bubble)"))
     if ref is not None and compare == "overlay":
         handles.append(Patch(facecolor="none", edgecolor="#333333", ls="--", label="simulated"))
@@ -166,22 +166,24 @@ def plot_schedule(
     return fig
 
 
-def _source_steps(t: Timeline, costs: Any) -> dict[int, tuple[list[float], list[float]]] | None:
-    """The memory steps a Simulation or Trace recorded itself, shifted like the events.
+def _memory(t: Timeline, costs: Any) -> dict[int, tuple[list[float], list[float]]]:
+    """Per rank (times, memory held), on the timeline's clock (it starts at 0).
 
-    A Simulation's `.memory` follows its own costs; a Trace's `memory_for` re-weighs the
-    counted microbatches with other costs. A plain event list has neither (None).
+    A Trace weighs its measured counts (by `costs`, else its own `trace.costs`); a
+    Simulation has its memory already (recomputed when other `costs` are given); a plain
+    event list gets the one memory rule with `costs` (default `Costs()`). Every path places
+    the changes by `zbkit.schedules.events`' rule.
     """
     source = t.source
-    if costs is not None and hasattr(source, "memory_for"):
-        per_rank = source.memory_for(costs.mem_activation, costs.mem_weight)
+    if hasattr(source, "memory_for"):
+        per_rank = source.memory_for(costs)
+        t0 = min((e.start for e in source.events), default=0.0)
     elif costs is None and isinstance(getattr(source, "memory", None), list):
-        per_rank = source.memory
+        per_rank, t0 = source.memory, min((e.start for e in source.events), default=0.0)
     else:
-        return None
-    if not any(per_rank):  # e.g. a trace recorded without memory samples
-        return None
-    t0 = min((e.start for e in source.events), default=0.0)  # the timeline starts at 0
+        costs = costs if costs is not None else getattr(source, "costs", None)
+        per_rank = memory_steps(t.events, memory_deltas(t.events, costs), t.num_ranks)
+        t0 = 0.0
     steps = {}
     for rank in range(t.num_ranks):
         pairs = per_rank[rank] if rank < len(per_rank) else []
@@ -202,17 +204,16 @@ def plot_memory(
 ) -> ZbFigure:
     """Activation memory over time, one panel per rank, with the memory limit drawn.
 
-    Memory follows DESIGN's rule: F adds `mem_activation`; I adds `mem_weight - mem_activation`;
-    W subtracts `mem_weight`; B subtracts `mem_activation`. `costs` defaults to the simulation's
-    own; `limit` to its `memory_limit` when it has one.
+    Memory follows the `KINDS` table (`Costs.memory`: F adds `mem_activation`; I adds
+    `mem_weight - mem_activation`; W subtracts `mem_weight`; B subtracts `mem_activation`) and
+    the one timing rule of `zbkit.schedules.events`. `costs` defaults to the simulation's (or
+    trace's) own; `limit` to its `memory_limit` when it has one.
     """
     t = timeline(simulation_or_trace)
     shown = _check_ranks(ranks, t.num_ranks)
     if limit is None:
         limit = getattr(t.source, "memory_limit", None)
-    steps = _source_steps(t, costs) or memory_steps(
-        t.events, costs if costs is not None else getattr(t.source, "costs", None), t.num_ranks
-    )
+    steps = _memory(t, costs)
 
     height = 0.8 + 0.9 * len(shown)
     fig = ZbFigure(figsize=(width, height), dpi=_DPI)
@@ -223,8 +224,8 @@ def plot_memory(
         times, values = steps[rank]
         peak = max(values)
         peaks.append(peak)
-        ax.step(times, values, where="post", color=KIND_COLORS["F"], lw=1.2, gid=f"memory{rank}")
-        ax.fill_between(times, values, step="post", color=KIND_COLORS["F"], alpha=0.3)
+        ax.step(times, values, where="post", color=kind_color("F"), lw=1.2, gid=f"memory{rank}")
+        ax.fill_between(times, values, step="post", color=kind_color("F"), alpha=0.3)
         over = limit is not None and peak > limit + 1e-9
         ax.text(
             1.0,

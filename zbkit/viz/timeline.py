@@ -1,8 +1,9 @@
 """Read events out of whatever the user has: a Simulation, a runner's trace, or a plain list.
 
 Simulations (`zbkit.schedules.simulate`) and measured traces (`runner.trace`) share one event
-form: `(rank, stage, kind, microbatch, start, end)`. The drawings only need that, so this module
-turns any of the accepted shapes into a list of `Event` plus the summary numbers the titles show.
+form, `zbkit.schedules.Event(rank, stage, kind, microbatch, start, end)`. The drawings only
+need that, so `timeline` turns any of the accepted shapes into a list of `Event` plus the
+summary numbers the titles show (the bubble rate by `zbkit.schedules.bubble_rate`).
 """
 
 from __future__ import annotations
@@ -11,24 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zbkit.schedules import bubble_rate
+from zbkit.schedules import KINDS, Event, bubble_rate
 
-KINDS = ("F", "I", "W", "B")
-_FIELDS = ("rank", "stage", "kind", "microbatch", "start", "end")
+__all__ = ["Timeline", "raw_events", "timeline"]
 
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    rank: int
-    stage: int
-    kind: str  # "F", "I", "W" or "B"
-    microbatch: int
-    start: float
-    end: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}"  # same text as str(Action)
+_FIELDS = Event._fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +57,7 @@ def _one_event(raw: Any, index: int) -> Event:
     except KeyError as err:
         raise TypeError(f"event {index} has no field {err}; needs {', '.join(_FIELDS)}") from None
     if event.kind not in KINDS:
-        raise ValueError(f"event {index} has kind {event.kind!r}; expected one of {KINDS}")
+        raise ValueError(f"event {index} has kind {event.kind!r}; expected one of {tuple(KINDS)}")
     if event.end < event.start:
         raise ValueError(f"event {index} ({event.label}) ends at {event.end} before its start")
     return event
@@ -87,15 +75,6 @@ def raw_events(obj: Any) -> list[Any]:
     return list(events)
 
 
-def rank_spans(events: list[Event]) -> dict[int, tuple[float, float, float]]:
-    """rank -> (first start, last end, busy time)."""
-    spans: dict[int, tuple[float, float, float]] = {}
-    for e in events:
-        lo, hi, busy = spans.get(e.rank, (e.start, e.end, 0.0))
-        spans[e.rank] = (min(lo, e.start), max(hi, e.end), busy + e.end - e.start)
-    return spans
-
-
 def timeline(obj: Any, *, num_ranks: int | None = None) -> Timeline:
     """Normalise `obj` (Simulation, trace, or list of events) into a `Timeline`."""
     events = [_one_event(raw, i) for i, raw in enumerate(raw_events(obj))]
@@ -103,9 +82,7 @@ def timeline(obj: Any, *, num_ranks: int | None = None) -> Timeline:
         raise ValueError("no events to draw: the simulation or trace is empty")
     t0 = min(e.start for e in events)
     if t0 != 0.0:  # measured traces carry wall-clock times; draw them from 0
-        events = [
-            Event(e.rank, e.stage, e.kind, e.microbatch, e.start - t0, e.end - t0) for e in events
-        ]
+        events = [e._replace(start=e.start - t0, end=e.end - t0) for e in events]
     # sorted so every drawing walks events in one order, whatever order they came in
     events.sort(key=lambda e: (e.rank, e.start, e.end, e.stage, e.kind, e.microbatch))
     ranks = max(e.rank for e in events) + 1

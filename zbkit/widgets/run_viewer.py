@@ -6,8 +6,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from zbkit.viz import plot_schedule
-from zbkit.viz._events import rank_spans, timeline
+from zbkit.schedules.events import rank_spans
+from zbkit.viz import plot_schedule, timeline
 from zbkit.widgets._common import table_html
 
 

@@ -1,0 +1,143 @@
+"""The communication plan: a rank's compute actions with the transfers they imply, as data.
+
+The schedule builders emit compute actions only. ``derive_plan`` walks one rank's program
+once and, asking the ``KINDS`` table, wraps each action with its transfers:
+
+- before it, a receive for each thing it needs from a stage on another rank
+  (``Kind.needs`` with a stage offset: F(s, j) the activations of (s-1, j); I/B(s, j) the
+  gradients of (s+1, j)'s outputs);
+- after it, a send of what it makes to the consuming stage, if that lives on another rank
+  (F to s+1, I/B to s-1); W makes nothing anyone else waits for.
+
+Neighbouring stages on the same rank (the V of zb-v) hand tensors over locally: no ``Comm``.
+The plan is pure data (no torch), printable, and what ``zbkit.pipeline.ScheduleRunner``
+walks: ``for step in plan: comm -> send/receive; action -> run it``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Union
+
+from zbkit.schedules.action import Action, Product
+from zbkit.schedules.schedule import Schedule
+
+__all__ = ["Comm", "CommOp", "Plan", "PlanStep", "derive_plan"]
+
+
+class CommOp(StrEnum):
+    SEND = "send"
+    RECV = "recv"
+
+
+_WORDS = {Product.ACT: "activations", Product.GRAD: "output gradients"}
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """One transfer in a rank's plan: ``what`` of (stage, microbatch) to or from ``peer``.
+
+    ``stage`` is the stage that consumes the tensors: for activations the receiving stage
+    s (sent by s-1); for gradients the stage s that receives the grads of its outputs.
+    """
+
+    op: CommOp
+    what: Product
+    stage: int
+    microbatch: int
+    peer: int  # rank in the pipeline group
+    action: str = ""  # the compute action it serves: the consumer of a recv, producer of a send
+
+    @property
+    def key(self) -> tuple[Product, int, int]:
+        """The mailbox key both ends use: (what, consuming stage, microbatch)."""
+        return (self.what, self.stage, self.microbatch)
+
+    def __repr__(self) -> str:
+        return f"Comm({str(self)!r}, for {self.action or '?'})"
+
+    def __str__(self) -> str:
+        arrow = "->" if self.op is CommOp.SEND else "<-"
+        return f"{self.op} {self.what} {self.stage}:{self.microbatch} {arrow} rank {self.peer}"
+
+    def explain(self) -> str:
+        """The transfer in words, for error messages."""
+        what = _WORDS[self.what]
+        if self.op is CommOp.RECV:
+            return (
+                f"receiving the {what} of stage {self.stage} microbatch {self.microbatch} from "
+                f"rank {self.peer}, which {self.action} needs"
+            )
+        return (
+            f"sending the {what} {self.action} produced to rank {self.peer} "
+            f"(stage {self.stage} microbatch {self.microbatch})"
+        )
+
+
+PlanStep = Union[Action, Comm]  # noqa: UP007 - a runtime alias, readable in isinstance checks
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's steps in order: compute actions and the transfers around them."""
+
+    rank: int
+    steps: tuple[PlanStep, ...]
+
+    def __iter__(self) -> Iterator[PlanStep]:
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, index: int) -> PlanStep:
+        return self.steps[index]
+
+    @property
+    def comms(self) -> list[Comm]:
+        return [c for c in self.steps if isinstance(c, Comm)]
+
+    @property
+    def actions(self) -> list[Action]:
+        return [a for a in self.steps if isinstance(a, Action)]
+
+    def __str__(self) -> str:
+        width = len(str(len(self.steps) - 1)) if self.steps else 1
+        lines = [f"plan of rank {self.rank}: {len(self.actions)} actions, {len(self.comms)} comms"]
+        for i, step in enumerate(self.steps):
+            indent = "    " if isinstance(step, Comm) else ""
+            lines.append(f"{i:>{width}}  {indent}{step}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Plan(rank={self.rank}, actions={len(self.actions)}, comms={len(self.comms)})"
+
+    def next_receives(self) -> dict[int, Comm]:
+        """Plan position of each receive -> the next receive on the same edge, if any."""
+        following: dict[int, Comm] = {}
+        last_on_edge: dict[tuple, int] = {}
+        for i, c in enumerate(self.steps):
+            if isinstance(c, Comm) and c.op is CommOp.RECV:
+                edge = (c.what, c.stage, c.peer)
+                if edge in last_on_edge:
+                    following[last_on_edge[edge]] = c
+                last_on_edge[edge] = i
+        return following
+
+
+def derive_plan(schedule: Schedule, rank: int) -> Plan:
+    """``rank``'s compute actions with the ``Comm`` each one needs around it."""
+    where, n = schedule.stage_to_rank, schedule.num_stages
+    steps: list[PlanStep] = []
+    for a in schedule.program.get(rank, []):
+        s, j, kind = a.stage, a.microbatch, a.info
+        for product, src in kind.needs_of(s, n):
+            if where[src] != rank:
+                steps.append(Comm(CommOp.RECV, product, s, j, where[src], str(a)))
+        steps.append(a)
+        dst = kind.consumer(s, n)
+        if dst is not None and where[dst] != rank:
+            steps.append(Comm(CommOp.SEND, kind.makes, dst, j, where[dst], str(a)))
+    return Plan(rank, tuple(steps))
