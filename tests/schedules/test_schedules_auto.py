@@ -11,8 +11,11 @@ import random
 import pytest
 
 from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
+from zbkit.schedules._auto import CANDIDATES, Problem
+from zbkit.schedules._build_fixed import zb_v as zb_v_construction
 from zbkit.schedules._build_greedy import greedy, sweep
 from zbkit.schedules._refine import defer_late_ws
+from zbkit.schedules.builders import explain_auto
 
 # model: (p, hidden, heads, {m: (T_F, T_B = our I, T_W, T_comm) in ms})
 TABLE6 = {
@@ -243,6 +246,63 @@ def test_zb_auto_at_any_limit_is_the_best_of_its_candidates():
             sim = simulate(other, costs)
             if max(sim.peak_memory) <= limit + 1e-9:
                 assert auto.bubble_rate <= sim.bubble_rate + 1e-12, (limit, other.name)
+
+
+@pytest.mark.parametrize("placement", ["linear", "v"])
+def test_explain_auto_rows_are_what_simulate_measures(placement):
+    # oracle: every candidate built on its own and simulated; the winner is the fastest row
+    costs = Costs(F=1.0, I=1.3, W=0.6, comm=0.05, mem_activation=1.0, mem_weight=0.3)
+    p, m = 4, 10
+    unit = 2 * p if placement == "v" else p
+    for limit in (None, 0.75 * unit, 1.5 * unit):
+        found = explain_auto(pp=p, microbatches=m, costs=costs, memory_limit=limit,
+                             placement=placement)  # fmt: skip
+        assert found.memory_limit == (unit if limit is None else limit)
+        assert [t.candidate for t in found.tried] == CANDIDATES[placement]
+        names = [c.name for c in CANDIDATES[placement]]
+        assert len(set(names)) == len(names) and all(c.reason for c in CANDIDATES[placement])
+        problem = Problem(p, m, [costs] * len(found.schedule.stage_to_rank),
+                          found.memory_limit, placement)  # fmt: skip
+        fastest = min(t.span for t in found.tried if t.span is not None)
+        for t in found.tried:
+            if t.note.startswith("cannot build"):
+                with pytest.raises(ValueError):
+                    t.candidate.build(problem)
+                continue
+            one = Schedule(t.candidate.build(problem), problem.stage_to_rank, m)
+            sim = simulate(one, costs)
+            assert max(sim.peak_memory) == pytest.approx(t.peak, abs=1e-12)
+            if t.note == "fits":
+                assert max(sim.peak_memory) <= found.memory_limit + 1e-9
+                assert max(sim.span) == pytest.approx(t.span, rel=1e-12)
+            else:
+                assert t.note == "over the limit" and t.peak > found.memory_limit
+        chosen = simulate(found.schedule, costs)
+        assert max(chosen.span) == pytest.approx(fastest, rel=1e-12)
+        assert f"-> {found.chosen.name} " in str(found)
+        again = build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
+                               memory_limit=limit, placement=placement)  # fmt: skip
+        assert again.program == found.schedule.program
+
+
+def test_zb_v_is_the_paper_construction_and_zb_auto_v_searches_around_it():
+    for p, m in [(2, 4), (3, 5), (4, 8), (4, 3)]:
+        zbv = build_schedule("zb-v", pp=p, microbatches=m)
+        assert zbv.program == zb_v_construction(p, m)  # the named thing, nothing searched
+    # equal costs at 1F1B's memory: the V has no bubble, and the search keeps it (ties)
+    found = explain_auto(pp=4, microbatches=8, placement="v")
+    assert found.chosen.name == "paper's ZB-V"
+    assert found.schedule.program == build_schedule("zb-v", pp=4, microbatches=8).program
+    # unequal costs, or a larger limit: the search does better, within its limit
+    costs = Costs(F=1.0, I=1.6, W=1.0, comm=0.0, mem_activation=1.0, mem_weight=0.3)
+    fixed = simulate(build_schedule("zb-v", pp=4, microbatches=8), costs)  # 5.88%
+    for limit in (None, 12.0):  # measured: 5.57% and 2.04%
+        auto = simulate(build_schedule("zb-auto", pp=4, microbatches=8, costs=costs,
+                                       placement="v", memory_limit=limit), costs)  # fmt: skip
+        assert max(auto.peak_memory) <= (limit or 8.0) + 1e-9
+        assert auto.bubble_rate < fixed.bubble_rate - 1e-3
+    with pytest.raises(ValueError, match="no candidate fits memory_limit=1.5"):
+        build_schedule("zb-auto", pp=4, microbatches=8, placement="v", memory_limit=1.5)
 
 
 def main() -> None:
