@@ -111,3 +111,22 @@ def test_a_broken_builder_output_is_caught_by_the_invariant():
         check_counts(s)
     with pytest.raises(ScheduleError):
         validate(s)
+
+
+def test_cli_zb_auto_names_the_candidate_it_kept_and_zb_v_refuses_a_limit(capsys):
+    import argparse
+
+    from zbkit.schedules.cli import add_arguments
+    from zbkit.schedules.cli import main as cli_main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    # equal costs, the default limit 2p: the search keeps the paper's V (zero bubble)
+    assert cli_main(parser.parse_args(["zb-auto", "--pp", "4", "-m", "8", "--placement", "v"])) == 0
+    out = capsys.readouterr().out
+    assert "zb-auto kept: paper's ZB-V (" in out and "bubble rate: 0.0000" in out
+    assert "peak memory per rank: 8, 8, 8, 8" in out
+    assert cli_main(parser.parse_args(["zb-v", "--memory-limit", "6"])) == 1
+    assert "placement='v'" in capsys.readouterr().err
+    assert cli_main(parser.parse_args(["zb-h1", "--placement", "v"])) == 1
+    assert "bad option 'placement'" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zbkit.schedules.builders import SCHEDULES, build_schedule
+from zbkit.schedules.builders import PLACEMENTS, SCHEDULES, build_schedule, explain_auto
 from zbkit.schedules.formulas import bubble
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs, simulate
@@ -20,7 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--costs", default="1,1,1", help="F,I,W[,comm[,M_B[,M_W]]] per stage (default 1,1,1)"
     )
     parser.add_argument(
-        "--memory-limit", type=float, default=None, help="zb-auto/zb-v: in activations (M_B)"
+        "--memory-limit", type=float, default=None, help="zb-auto: in activations (M_B)"
+    )
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default=None,
+        help="zb-auto: stage s on rank s (linear, default) or ZB-V's V (v)",
     )
     parser.add_argument("--stages-per-rank", type=int, default=None, help="interleaved-1f1b: v")
     parser.add_argument("--save", metavar="PATH", help="write the schedule as torch-style CSV")
@@ -32,12 +38,20 @@ def main(args: argparse.Namespace) -> int:
         costs = Costs.parse(args.costs)
         if args.load:
             schedule = Schedule.load(args.load)
+        elif args.name == "zb-auto":  # the search: say which candidate it kept
+            found = explain_auto(
+                pp=args.pp,
+                microbatches=args.microbatches,
+                costs=costs,
+                memory_limit=args.memory_limit,
+                placement=args.placement or "linear",
+            )
+            schedule, chosen = found.schedule, found.chosen
         elif args.name:
-            options = {}
-            if args.stages_per_rank is not None:
-                options["stages_per_rank"] = args.stages_per_rank
-            if args.name in ("zb-auto", "zb-v"):
-                options.update(costs=costs, memory_limit=args.memory_limit)
+            options = {}  # only what was given: a builder refuses options it does not take
+            for key in ("stages_per_rank", "memory_limit", "placement"):
+                if getattr(args, key) is not None:
+                    options[key] = getattr(args, key)
             schedule = build_schedule(
                 args.name, pp=args.pp, microbatches=args.microbatches, **options
             )
@@ -51,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"zbkit schedule: {kind}: {err}", file=sys.stderr)
         return 1
     print(repr(schedule))
+    if args.name == "zb-auto" and not args.load:
+        print(f"zb-auto kept: {chosen.name} ({chosen.reason})")
     print(schedule.to_grid())
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g})")
