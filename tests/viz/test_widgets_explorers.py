@@ -14,6 +14,7 @@ from torch import nn
 
 from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.schedules.builders import explain_auto
 from zbkit.splitgrad import analyze
 from zbkit.viz import plot_memory
 from zbkit.widgets import ParamGroupExplorer, RunViewer, ScheduleExplorer
@@ -78,6 +79,18 @@ def test_schedule_explorer_numbers_are_the_simulation_and_the_closed_form():
     assert "&gt; limit!" in e.numbers.value or "> limit!" in e.numbers.value
     e.controls["schedule"].value = "zb-auto"  # now the limit steers the builder
     assert max(e.simulation.peak_memory) <= 5
+    assert "steers the search" in e.numbers.value
+    assert e.controls["placement"].layout.display is None  # shown for zb-auto only
+    e.controls["placement"].value = "v"  # the search over V-shaped schedules, same limit
+    found = explain_auto(pp=8, microbatches=32, costs=e.costs(), memory_limit=5, placement="v")
+    assert e.simulation.schedule.program == found.schedule.program
+    assert e.simulation.bubble_rate == simulate(found.schedule, e.costs()).bubble_rate
+    assert _number(e.numbers.value, "zb-auto kept").startswith(found.chosen.name)
+    e.controls["schedule"].value = "zb-v"  # the paper's construction: the limit is not used
+    assert e.controls["placement"].layout.display == "none"
+    assert e.simulation.schedule.program == build_schedule("zb-v", pp=8, microbatches=32).program
+    assert "only compared: zb-v is a fixed schedule" in _number(e.numbers.value, "memory limit")
+    assert max(e.simulation.peak_memory) == 16 and "&gt; limit!" in e.numbers.value
 
     with pytest.raises(ValueError, match="multiple of pp"):
         e.controls["m"].value = 9

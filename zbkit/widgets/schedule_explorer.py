@@ -3,6 +3,10 @@
 Every change rebuilds the schedule, simulates it and redraws (about 0.1 s for p = 8, m = 32;
 `benchmarks/viz_speed.py` measures it). The picture goes into an `Image` widget, the numbers
 into an `HTML` one, and any error (a schedule that cannot be built) into the `Output`.
+
+Only zb-auto searches, so only zb-auto obeys the memory limit (and the costs): for the fixed
+schedules (zb-v included: the paper's construction) the limit is a line to compare against,
+and the numbers say so. zb-auto's placement ("linear" or ZB-V's "v") shows when it is chosen.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.schedules import SCHEDULES, Costs, simulate
+from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.viz import plot_schedule
 from zbkit.widgets._common import table_html
@@ -24,7 +29,8 @@ def _fmt(values: list[float]) -> str:
 
 
 class ScheduleExplorer(w.VBox):
-    """Schedule, pp, m, F / I / W / comm costs and a memory limit -> plot and numbers.
+    """Schedule, pp, m, F / I / W / comm costs, a memory limit (and zb-auto's placement)
+    -> plot and numbers.
 
     `simulation` holds the last Simulation, `figure` the last Figure; setting any control's
     `.value` from code redraws, as a slider move does.
@@ -37,6 +43,7 @@ class ScheduleExplorer(w.VBox):
         microbatches: int = 8,
         costs: Costs | None = None,
         memory_limit: float = 0.0,
+        placement: str = "linear",
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule {schedule!r} unknown; choose one of {SCHEDULES}")
@@ -62,6 +69,11 @@ class ScheduleExplorer(w.VBox):
                 description="memory limit (0=none)",
                 **slider,
             ),
+            "placement": w.Dropdown(
+                options=[(f"zb-auto: {p}", p) for p in PLACEMENTS],
+                value=placement,
+                description="placement",
+            ),
         }
         for name, control in self.controls.items():
             control.add_class(f"zb-ctl-{name}")
@@ -69,7 +81,8 @@ class ScheduleExplorer(w.VBox):
         self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.numbers = w.HTML()
         self.out = w.Output()  # errors land here instead of vanishing
-        self._built: dict[tuple, Any] = {}  # (name, pp, m, costs?, limit?) -> Schedule
+        # (name, pp, m, costs?, limit?, placement?) -> (Schedule, zb-auto's kept candidate)
+        self._built: dict[tuple, tuple[Any, Any]] = {}
         self.simulation: Any = None
         self.figure: Any = None
         left = w.VBox(list(self.controls.values())[:4])
@@ -89,31 +102,54 @@ class ScheduleExplorer(w.VBox):
             name, pp, m = c["schedule"].value, c["pp"].value, c["m"].value
             limit = c["limit"].value or None
             costs = self.costs()
+            # the placement applies to zb-auto only: hide it for the others
+            c["placement"].layout.display = None if name == "zb-auto" else "none"
             try:
-                schedule = self._schedule(name, pp, m, costs, limit)
+                schedule, kept = self._schedule(name, pp, m, costs, limit)
             except ValueError as err:  # e.g. m not a multiple of pp: say so, keep the old plot
                 self.numbers.value = f"<p style='color:#b00'>cannot build: {err}</p>"
                 raise
             self.simulation = simulate(schedule, costs, check=False)
             self.figure = plot_schedule(self.simulation, width=11, labels=m * pp <= 128)
             self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
-            self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit)
+            self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit, kept)
 
-    def _schedule(self, name: str, pp: int, m: int, costs: Costs, limit: float | None) -> Any:
+    def _schedule(
+        self, name: str, pp: int, m: int, costs: Costs, limit: float | None
+    ) -> tuple[Any, Any]:
         """Build, or reuse: only zb-auto depends on the costs and the limit, so moving a cost
-        slider re-simulates without rebuilding (ZB-V's search takes most of a redraw)."""
+        slider re-simulates a fixed schedule without rebuilding (zb-auto's search takes most
+        of a redraw). Returns the schedule and, for zb-auto, the candidate it kept."""
         auto = name == "zb-auto"
-        key = (name, pp, m, costs if auto else None, limit if auto else None)
+        placement = self.controls["placement"].value
+        key = (name, pp, m) + ((costs, limit, placement) if auto else ())
         if key not in self._built:
             if len(self._built) >= 64:
                 self._built.clear()  # a slider sweep should not grow memory without bound
-            options = {"costs": costs, "memory_limit": limit} if auto else {}
-            self._built[key] = build_schedule(name, pp=pp, microbatches=m, **options)
+            if auto:
+                found = explain_auto(
+                    pp=pp, microbatches=m, costs=costs, memory_limit=limit, placement=placement
+                )
+                self._built[key] = (found.schedule, found.chosen)
+            else:
+                self._built[key] = (build_schedule(name, pp=pp, microbatches=m), None)
         return self._built[key]
 
-    def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None) -> str:
+    def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None, kept: Any) -> str:
         sim, costs = self.simulation, self.costs()
         rows = [["bubble rate", f"{sim.bubble_rate:.2%}"], ["makespan", f"{sim.makespan:.4g}"]]
+        if kept is not None:  # zb-auto: which of its candidates won, and why it is there
+            rows.append(["zb-auto kept", f"{kept.name} ({kept.reason})"])
+        if name == "zb-auto":
+            rows.append(["memory limit", "steers the search: peak memory stays under it"])
+        elif limit is not None:
+            rows.append(
+                [
+                    "memory limit",
+                    f"only compared: {name} is a fixed schedule (zb-auto searches under a "
+                    "limit; placement v for ZB-V's V)",
+                ]
+            )
         cf = bubble(name, pp, m, v, costs)
         if cf is not None:
             note = " (ignores comm)" if costs.comm else ""
