@@ -9,8 +9,8 @@ Whenever a rank is free it picks, in this order:
      frees memory when the limit stops the next F.
 An I is on the critical path (every stage before it waits), so `hold` > 0 (`fill` > 0)
 makes a rank wait instead of starting an F (a W) that would delay an I known to arrive
-within `hold * F` (`fill * W`). The builders try a few such policies and keep the fastest,
-measured by `simulate`.
+within `hold * F` (`fill * W`). zb-auto tries a few such policies (named in
+`_auto.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
 
 `sweep` is the paper's own construction for one stage per rank (zb-auto): it visits
 microbatches in order and stages in dependency order, so it knows exactly when each input

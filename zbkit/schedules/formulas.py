@@ -3,7 +3,8 @@
 
 Costs are per stage and microbatch; a rank holding v stages does m * v * (F + I + W) work,
 so a bubble of `b` time units gives the rate b / (b + m * v * (F + I + W)). The formulas
-ignore `comm` (the simulator does not).
+ignore `comm` (the simulator does not). zb-v's are those of the paper's fixed construction
+(what `build_schedule("zb-v")` returns); zb-auto searches, so it has none.
 """
 
 from __future__ import annotations
