@@ -20,16 +20,21 @@ from zbkit.schedules.action import KINDS, Action, Product
 from zbkit.schedules.schedule import Schedule
 
 _WHAT = {p: i for i, p in enumerate(Product)}
-# what finishing each kind makes available (an index into _WHAT; W: nothing = len(_WHAT))
-_DONE = {k: _WHAT[kind.makes] if kind.makes else len(_WHAT) for k, kind in KINDS.items()}
-# per kind: (what, stage offset) it waits for
-_NEEDS = {k: tuple((_WHAT[p], d) for p, d in kind.needs) for k, kind in KINDS.items()}
+
+
+def tables() -> tuple[dict[str, int], dict[str, tuple[tuple[int, int], ...]]]:
+    """From `KINDS` (read at each call, so a kind added to the table counts at once):
+    done[kind] = what finishing it makes available (an index into _WHAT; nothing others
+    wait for = len(_WHAT)); needs[kind] = the (what, stage offset) it waits for."""
+    done = {k: _WHAT[kind.makes] if kind.makes else len(_WHAT) for k, kind in KINDS.items()}
+    needs = {k: tuple((_WHAT[p], d) for p, d in kind.needs) for k, kind in KINDS.items()}
+    return done, needs
 
 
 def dependencies(a: Action, last_stage: int) -> list[tuple[int, int, int]]:
     """(what, stage, microbatch) that `a` waits for; what as in the module docstring."""
-    s = a.stage
-    return [(w, s + d, a.microbatch) for w, d in _NEEDS[a.kind] if 0 <= s + d <= last_stage]
+    s, needs = a.stage, tables()[1][a.kind]
+    return [(w, s + d, a.microbatch) for w, d in needs if 0 <= s + d <= last_stage]
 
 
 class Stuck(Exception):
@@ -53,6 +58,7 @@ def run(
     program, where = schedule.program, schedule.stage_to_rank
     n, m = schedule.num_stages, schedule.microbatches
     last, nm = n - 1, n * m
+    _DONE, _NEEDS = tables()  # noqa: N806 - constants of this walk
     done: list[float | None] = [None] * ((len(_WHAT) + 1) * nm)
     waiting: dict[int, list[int]] = {}  # key -> ranks whose next action needs it
     times: dict[int, list[tuple[float, float]]] = {r: [] for r in program}

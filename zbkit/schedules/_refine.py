@@ -60,8 +60,9 @@ def _late_ws(
     program, where = schedule.program, schedule.stage_to_rank
     last = schedule.num_stages - 1
     # (what, stage, microbatch) -> (rank, position) of the action that provides it
+    makes = _engine.tables()[0]
     provider = {
-        (_engine._DONE[a.kind], a.stage, a.microbatch): (r, k)
+        (makes[a.kind], a.stage, a.microbatch): (r, k)
         for r, actions in program.items()
         for k, a in enumerate(actions)
     }

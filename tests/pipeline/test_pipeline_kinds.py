@@ -1,0 +1,93 @@
+"""A new action kind is one entry in `KINDS`: every walker asks the table.
+
+The kind added here, "X" (a fused full backward), reuses an existing executor method, so
+no file changes at all: the engine, validator, plan, simulator, measurement, executors and
+drawings take it from the table. The oracle is the same schedule written with "B".
+"""
+
+from __future__ import annotations
+
+import pytest
+from pipeline_models import assert_grads_match, batch, loss_fn, make_stages, oracle
+
+from zbkit import viz
+from zbkit.pipeline import LocalPipeline
+from zbkit.schedules import (
+    KINDS,
+    Action,
+    Costs,
+    Kind,
+    Product,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    derive_plan,
+    simulate,
+    validate,
+)
+from zbkit.schedules.measure import measured_costs
+
+FUSED = Kind(
+    letter="X",
+    name="fused backward",
+    parts=("I", "W"),
+    act=-1,
+    weight=0,
+    needs=((Product.ACT, 0), (Product.GRAD, +1)),
+    makes=Product.GRAD,
+    to=-1,
+    run="backward_full",  # an executor method that exists: no other file changes
+)
+
+
+def _renamed(schedule: Schedule, old: str, new: str) -> Schedule:
+    program = [
+        [Action(a.stage, new if a.kind == old else a.kind, a.microbatch) for a in row]
+        for _, row in sorted(schedule.program.items())
+    ]
+    return Schedule.from_program(program, schedule.stage_to_rank, schedule.microbatches)
+
+
+@pytest.fixture
+def fused_kind(monkeypatch: pytest.MonkeyPatch) -> Kind:
+    monkeypatch.setitem(KINDS, "X", FUSED)
+    return FUSED
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b"])
+def test_a_kind_added_to_the_table_runs_everywhere(fused_kind: Kind, name: str) -> None:
+    base = build_schedule(name, pp=2, microbatches=4)
+    fused = _renamed(base, "B", "X")
+    validate(fused)
+    costs = [Costs(F=1, I=2, W=0.5, comm=0.1, mem_weight=0.3)] * base.num_stages
+    got, want = simulate(fused, costs), simulate(base, costs)
+    assert [e[4:] for e in got.events] == [e[4:] for e in want.events]
+    assert got.memory == want.memory and got.bubble_rate == want.bubble_rate
+    for rank in range(base.pp):  # the same transfers around the same positions
+        plans = derive_plan(fused, rank), derive_plan(base, rank)
+        assert [str(c) for c in plans[0].comms] == [str(c) for c in plans[1].comms]
+        assert [str(s).replace("X", "B") for s in plans[0]] == [str(s) for s in plans[1]]
+    assert measured_costs(got.events, base.num_stages, comm=0.1) == measured_costs(
+        want.events, base.num_stages, comm=0.1
+    )
+    # a real step: the executors run it through the table's method, gradients as autograd's
+    mods = make_stages(base.num_stages)
+    x, y = batch(8)
+    _, expected = oracle(mods, x, y)
+    pipe = LocalPipeline(mods, fused, loss_fn)
+    pipe.step(x, y)
+    assert_grads_match(mods, expected, f"{name} with X for B")
+    assert sorted({e.kind for e in pipe.trace.events}) == ["F", "X"]
+    assert pipe.trace.peak_memory == simulate(fused).peak_memory
+    fig = viz.plot_schedule(got)  # drawn with the table's name in the legend
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "X: fused backward" in labels
+
+
+def test_the_validator_knows_the_new_kind_does_i_and_w(fused_kind: Kind) -> None:
+    program = [["0F0", "0I0", "0X0"], ["1F0", "1X0"]]
+    with pytest.raises(ScheduleError, match=r"0X0 .* computes the input grad a second time"):
+        validate(Schedule.from_program(program, [0, 1], 1))
+    program = [["0F0", "0X0", "0W0"], ["1F0", "1X0"]]
+    with pytest.raises(ScheduleError, match=r"0W0 .* computes the weight grad a second time"):
+        validate(Schedule.from_program(program, [0, 1], 1))
