@@ -14,9 +14,10 @@ ratios. One thread. Baselines, measured side by side in this process:
 plain `torch.autograd.backward`, and torch.distributed.pipelining's
 `stage_backward_input` + `stage_backward_weight`.
 
-`--ablate` also times zbkit with the W pass forced through one engine call
-per parameter group (the way torch and the seed do it), and with LayerNorm
-weight halves left to W. A second line per stage gives the ratios on user CPU
+`--ablate` also times zbkit on the reference path alone (no fast path: what a
+torch that fails `fast_paths_available()` gets), with the W pass forced through
+one engine call per parameter group (the way torch and the seed do it), and
+with LayerNorm weight halves left to W. A second line per stage gives the ratios on user CPU
 time alone and the median minor page faults per backward (see below);
 `--keep-heap` is a diagnostic that tells glibc never to give freed memory back
 to the kernel (process-wide, so every variant), which removes those faults.
@@ -24,7 +25,7 @@ to the kernel (process-wide, so every variant), which removes those faults.
 What each idea bought (2-core machine shared with other jobs, load 3-6, so
 +-10% noise; medians of 20-30 paired repetitions):
 
-- Batched W (zbkit/splitgrad/_weight.py). The big one. Every engine call first
+- Batched W (zbkit/splitgrad/_fast.py, run_batched). The big one. Every engine call first
   walks the whole graph below its roots, so one call per group costs
   O(groups x nodes): on (a) 144 groups x ~600 nodes. Calling each group's
   intermediate node directly, inside one tiny engine call whose bookkeeping
@@ -55,7 +56,7 @@ What each idea bought (2-core machine shared with other jobs, load 3-6, so
   ~24 MB of fresh pages in again (6000 faults, ~8-10 ms of CPU time).
   With `--keep-heap` the faults vanish and zbkit I+W is 1.01x plain (torch
   1.03x), so the split itself is nearly free in work.
-- LayerNorm weight halves in I (zbkit/splitgrad/_backward.py, _EAGER_NODES):
+- LayerNorm weight halves in I (zbkit/splitgrad/_fast.py, EAGER_NODES):
   I asks for a LayerNorm's weight gradients in the same fused kernel call as
   its input gradient, exactly what plain backward computes, and W only adds
   them to `.grad`. No recompute, and W no longer needs the node's incoming
@@ -92,9 +93,8 @@ from torch import nn
 from torch.distributed.pipelining import _backward as torch_split
 
 from zbkit.models import ResidualMLPBlock
-from zbkit.splitgrad import _backward as split_backward
-from zbkit.splitgrad import _weight as split_weight
-from zbkit.splitgrad import stage_backward_input, stage_backward_weight
+from zbkit.splitgrad import _fast as split_fast
+from zbkit.splitgrad import reference_weight_pass, stage_backward_input, stage_backward_weight
 
 # wall time by default; --cpu-time uses this process's CPU time, which other
 # jobs on a shared machine disturb much less (we run on one thread)
@@ -140,26 +140,36 @@ def _torch(model, x, g):
     return _timed(run)
 
 
+def _ours_reference(model, x, g):
+    # ablation: no fast path at all (what a torch that fails the probe gets)
+    with reference_weight_pass():
+        return _ours(model, x, g)
+
+
 def _ours_engine_only(model, x, g):
     # ablation: every group through its own engine call (no batched W)
-    batchable, split_weight._batchable = split_weight._batchable, lambda group: False
+    batchable, split_fast.batchable = split_fast.batchable, lambda work: bool(work.ready)
     try:
         return _ours(model, x, g)
     finally:
-        split_weight._batchable = batchable
+        split_fast.batchable = batchable
 
 
 def _ours_no_eager(model, x, g):
     # ablation: LayerNorm weight halves split off to W like every other node
-    eager, split_backward._eager_edges = split_backward._eager_edges, lambda *a: []
+    eager, split_fast.eager_edges = split_fast.eager_edges, lambda *a: []
     try:
         return _ours(model, x, g)
     finally:
-        split_backward._eager_edges = eager
+        split_fast.eager_edges = eager
 
 
 VARIANTS = {"plain": _plain, "zbkit": _ours, "torch": _torch}
-ABLATIONS = {"zbkit-engine-W": _ours_engine_only, "zbkit-no-eager-LN": _ours_no_eager}
+ABLATIONS = {
+    "zbkit-reference": _ours_reference,
+    "zbkit-engine-W": _ours_engine_only,
+    "zbkit-no-eager-LN": _ours_no_eager,
+}
 
 
 def measure(cfg: dict, reps: int, variants: dict) -> dict[str, list[tuple[float, int, float]]]:
@@ -207,7 +217,7 @@ def main() -> None:
     parser.add_argument(
         "--ablate",
         action="store_true",
-        help="also time W with one engine call per group, and without LayerNorm halves in I",
+        help="also time the reference path, one engine call per group in W, no LN halves in I",
     )
     parser.add_argument(
         "--keep-heap",

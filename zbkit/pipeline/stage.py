@@ -40,7 +40,7 @@ class _Activation:
 @dataclass(slots=True)
 class _PendingWeight:
     roots: list[torch.Tensor]  # deferred full backward: where it starts
-    param_groups: list[Any] | None = None  # from stage_backward_input; None: a deferred full B
+    split: splitgrad.PendingWeight | None = None  # from stage_backward_input; None: a full B
     root_grads: list[torch.Tensor] | None = None  # only for the deferred full backward
 
 
@@ -179,8 +179,8 @@ class PipelineStage:
             self._pending_weight[microbatch] = _PendingWeight(roots, None, grads)
             return {}
         result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
-        # the groups hold the graph W walks; the outputs themselves can go
-        self._pending_weight[microbatch] = _PendingWeight([], list(result.param_groups))
+        # the pending W holds the graph it walks; the outputs themselves can go
+        self._pending_weight[microbatch] = _PendingWeight([], result.pending_weight)
         return {} if self.is_first else _named_grads(names, result.input_grads)
 
     def backward_weight(self, microbatch: int) -> None:
@@ -189,11 +189,11 @@ class PipelineStage:
         if pending is None:
             state = "has not run F" if microbatch not in self._activations else "has not run I"
             raise StageError(f"{self._name(microbatch)}: W before I ({state})")
-        if pending.param_groups is None:  # deferred full backward (stage 0, or nothing to send)
+        if pending.split is None:  # deferred full backward (stage 0, or nothing to send)
             if pending.roots:
                 splitgrad.stage_backward_full(pending.roots, pending.root_grads, [])
             return
-        splitgrad.stage_backward_weight(self._weights(), pending.param_groups)
+        splitgrad.stage_backward_weight(self._weights(), pending.split)
 
     def backward_full(
         self, microbatch: int, output_grads: Mapping[str, torch.Tensor] | None

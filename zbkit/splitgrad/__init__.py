@@ -1,6 +1,9 @@
 """Split a stage's backward into an input pass (I) and a weight pass (W), exactly.
 
-Pure torch, no distributed code. See DESIGN.md, section zbkit.splitgrad.
+Pure torch, no distributed code. Where to start reading: _groups.py (what the
+analysis finds), _backward.py (I), _weight.py (W, the reference path); _fast.py
+holds the optional fast paths and the check that guards them. See
+docs/architecture.md, section splitgrad.
 """
 
 from zbkit.splitgrad._backward import (
@@ -9,8 +12,10 @@ from zbkit.splitgrad._backward import (
     stage_backward_input,
 )
 from zbkit.splitgrad._directions import GradDirection, grad_directions, needs_direction
+from zbkit.splitgrad._fast import fast_paths_available, reference_weight_pass
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node, reverse_closure
 from zbkit.splitgrad._groups import ParamGroup, group_params
+from zbkit.splitgrad._pending import PendingWeight
 from zbkit.splitgrad._weight import stage_backward_weight
 from zbkit.splitgrad.analysis import SplitGradAnalysis, analyze
 
@@ -18,13 +23,16 @@ __all__ = [
     "BackwardInputResult",
     "GradDirection",
     "ParamGroup",
+    "PendingWeight",
     "SplitGradAnalysis",
     "analyze",
     "build_reverse_graph",
+    "fast_paths_available",
     "grad_directions",
     "grad_node",
     "group_params",
     "needs_direction",
+    "reference_weight_pass",
     "reverse_closure",
     "stage_backward_full",
     "stage_backward_input",

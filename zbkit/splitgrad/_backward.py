@@ -1,14 +1,15 @@
 """Full, input-only (I) and weight-only (W) backward of a pipeline stage.
 
     I: one engine call from the outputs to the stage inputs. Prehooks on the
-       intermediates (see _groups) record the gradients arriving there.
+       intermediates (see _groups) record the gradients arriving there, into a
+       PendingWeight (see _pending) that W consumes.
     W: per parameter group, one engine call from those intermediates (with the
        recorded gradients) and from outputs outside the input closure, to the
-       group's parameters. AccumulateGrad adds into `.grad` as usual.
+       group's parameters (see _weight). AccumulateGrad adds into `.grad` as usual.
 
-One exception: a normalisation node (LayerNorm, GroupNorm) whose parameters
-only it uses gets its weight gradients in I, from the same kernel call as its
-input gradient (see _EAGER_NODES); W then only adds them into `.grad`.
+Where the fast paths may be used (see _fast), a normalisation node (LayerNorm,
+GroupNorm) whose parameters only it uses gets its weight gradients in I, from
+the same kernel call as its input gradient; W then only adds them into `.grad`.
 
 After I then W every `.grad` equals what one `torch.autograd.backward` gives.
 """
@@ -20,11 +21,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+from torch.autograd.graph import Node, get_gradient_edge
 
+from zbkit.splitgrad import _fast
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node
-from zbkit.splitgrad._groups import ParamGroup, group_params
+from zbkit.splitgrad._groups import group_params
+from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
 _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
 
@@ -32,10 +35,15 @@ _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
 @dataclass(eq=False)
 class BackwardInputResult:
     input_grads: list[torch.Tensor | None]  # one per stage input (None: does not require grad)
-    param_groups: list[ParamGroup]  # hand these to stage_backward_weight
+    pending_weight: PendingWeight  # hand it to stage_backward_weight, once
+
+    @property
+    def param_groups(self) -> PendingWeight:
+        """The same PendingWeight, by its first name: a sequence of the ParamGroups."""
+        return self.pending_weight
 
 
-def _check_tensors(name: str, values: Sequence) -> list[torch.Tensor]:
+def check_tensors(name: str, values: Sequence) -> list[torch.Tensor]:
     values = list(values)
     for i, v in enumerate(values):
         if not isinstance(v, torch.Tensor):
@@ -47,7 +55,7 @@ def _roots(
     outputs: Sequence[torch.Tensor], output_grads: Sequence[torch.Tensor | None] | None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The (output, gradient) pairs a backward starts from; skips what carries no gradient."""
-    outputs = _check_tensors("outputs", outputs)
+    outputs = check_tensors("outputs", outputs)
     if output_grads is None:
         for i, out in enumerate(outputs):
             if out.requires_grad and out.numel() != 1:
@@ -84,7 +92,7 @@ def stage_backward_full(
 
     `inputs[i].grad` is left as it was (the gradient is returned instead).
     """
-    inputs = _check_tensors("inputs", inputs)
+    inputs = check_tensors("inputs", inputs)
     tensors, grads = _roots(outputs, output_grads)
     result: list[torch.Tensor | None] = [None] * len(inputs)
     saved = [x.grad if x.is_leaf else None for x in inputs]
@@ -112,42 +120,7 @@ def stage_backward_full(
     return result
 
 
-# Nodes whose weight half is cheap next to what splitting it off costs. A
-# LayerNorm's weight gradients are two row reductions (O(N*d), like its input
-# half), but computed alone in W they first recompute the normalised input, and
-# W needs the node's incoming gradient (N*d floats) kept alive from I. So I asks
-# for them too: one fused kernel call, exactly as plain backward makes it, and
-# only two d-sized gradients wait for W. Matmul-like nodes stay split: their
-# weight half is the expensive part that W exists to defer.
-_EAGER_NODES = frozenset({"NativeLayerNormBackward0", "NativeGroupNormBackward0"})
-
-
-def _eager_edges(
-    group: ParamGroup, reverse: dict[Node, list[Node]], weight_of: dict[Node, torch.Tensor]
-) -> list[GradientEdge]:
-    """The parameter edges of a group whose weight half I may compute ([] if not eligible).
-
-    Eligible: one intermediate of a type in _EAGER_NODES, no outputs outside the
-    input closure, and every parameter of the group a leaf fed by that node
-    alone (so capturing its edge in I sees exactly what plain backward would
-    deliver) and without tensor hooks (capturing runs them; W would run them again).
-    """
-    if len(group.intermediates) != 1 or group.roots or group.needs_both_directions:
-        return []
-    node = group.intermediates[0]
-    if type(node).__name__ not in _EAGER_NODES:
-        return []
-    edges = []
-    for k in group.exits[0]:
-        param, nr = node.next_functions[k]
-        leaf = getattr(param, "variable", None)  # only AccumulateGrad nodes have it
-        if leaf is None or reverse.get(param) != [node] or leaf._backward_hooks:
-            return []
-        edges.append(GradientEdge(param, nr))
-    return edges if len(edges) == len(group.params) else []
-
-
-def _capture(slots: list, i: int, grad_outputs: tuple) -> None:
+def _capture(slots: list[Captured | None], i: int, grad_outputs: Captured) -> None:
     slots[i] = grad_outputs  # the whole tuple: one gradient per output edge of the node
 
 
@@ -157,13 +130,14 @@ def stage_backward_input(
     inputs: Sequence[torch.Tensor],
     weights: Iterable[torch.Tensor],
 ) -> BackwardInputResult:
-    """I: the inputs' gradients now; everything W needs is kept in the returned groups.
+    """I: the inputs' gradients now; everything W needs is kept in `result.pending_weight`.
 
     No parameter's `.grad` changes. Call `stage_backward_weight` with the same
-    weights and `result.param_groups` later (after any number of other I passes).
+    weights and `result.pending_weight` (or `result.param_groups`, the same object)
+    later, after any number of other I passes.
     """
-    inputs = _check_tensors("inputs", inputs)
-    weights = _check_tensors("weights", list(weights))
+    inputs = check_tensors("inputs", inputs)
+    weights = check_tensors("weights", list(weights))
     tensors, grads = _roots(outputs, output_grads)
 
     out_edges = [get_gradient_edge(t) for t in tensors]
@@ -194,36 +168,37 @@ def stage_backward_input(
         edges_at.setdefault(e.node, []).append(k)
     wanted = [x for x in inputs if x.requires_grad]
     run_i = bool(wanted and tensors)  # first stage: nothing to do here, W does it all
-    eager: list[ParamGroup] = []  # groups whose weight half I computes (see _EAGER_NODES)
+    eager = run_i and _fast.use_fast_paths()  # may I compute LayerNorm weight halves?
+    works: list[PendingGroup] = []
+    ready_edges = []  # the parameter edges of LayerNorm-like groups, asked for in I
     handles = []
     try:
         for group in groups:
-            group.tensors = [weight_of[p] for p in group.param_order]
+            work = PendingGroup(group, tensors=[weight_of[p] for p in group.param_nodes])
+            works.append(work)
             for root in group.roots:  # outputs outside the input closure start W directly
-                for k in edges_at.get(root, ()):
-                    group.root_edges.append(out_edges[k])
-                    group.root_grads.append(grads[k])
-            group.grads = [None] * len(group.intermediates)
-            group.ready_edges = _eager_edges(group, reverse, weight_of) if run_i else []
-            if group.ready_edges:
-                eager.append(group)
-                continue  # nothing to capture: I hands W the parameter gradients
+                work.roots += [(out_edges[k], grads[k]) for k in edges_at.get(root, ())]
+            edges = _fast.eager_edges(group, reverse) if eager else []
+            if edges:  # nothing to capture: I hands W the parameter gradients
+                work.ready = [(e, None) for e in edges]
+                ready_edges += edges
+                continue
+            work.captured = [None] * len(group.intermediates)
             for i, node in enumerate(group.intermediates):
-                handles.append(node.register_prehook(functools.partial(_capture, group.grads, i)))
+                handles.append(node.register_prehook(functools.partial(_capture, work.captured, i)))
 
         found: tuple = ()
         if run_i:
-            ready = [e for group in eager for e in group.ready_edges]
             with grad_directions(GradDirection.INPUT):
                 found = torch.autograd.grad(
-                    tensors, [*wanted, *ready], grads, retain_graph=True, allow_unused=True
+                    tensors, [*wanted, *ready_edges], grads, retain_graph=True, allow_unused=True
                 )
             ready_grads = iter(found[len(wanted) :])
-            for group in eager:
-                group.ready_grads = [next(ready_grads) for _ in group.ready_edges]
+            for work in works:
+                work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
     finally:
         for h in handles:
-            h.remove()  # hooks hold the groups; removing them breaks the cycle
+            h.remove()  # hooks hold the captured lists; removing them breaks the cycle
     found_iter = iter(found[: len(wanted)])
     input_grads = [next(found_iter, None) if x.requires_grad else None for x in inputs]
-    return BackwardInputResult(input_grads=input_grads, param_groups=groups)
+    return BackwardInputResult(input_grads=input_grads, pending_weight=PendingWeight(works))

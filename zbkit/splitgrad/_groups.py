@@ -17,41 +17,50 @@ the other still needs. So groups are the connected components of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import Node
 
 from zbkit.splitgrad._graph import ordered_closure
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class ParamGroup:
-    """Parameters whose weight gradients W computes together, from the same entry points."""
+    """Parameters whose weight gradients W computes together, from the same entry points.
 
-    params: set[Node]  # AccumulateGrad nodes of the parameters in this group
-    intermediates: list[Node] | None  # C nodes where the params' gradient paths leave C
-    # per intermediate: the gradients it received in I, one per output edge
-    # (None where undefined); not in the repr, tensors would flood a notebook
-    grads: list[tuple[torch.Tensor | None, ...] | None] | None = field(default=None, repr=False)
-    roots: list[Node] = field(default_factory=list)  # output nodes outside C feeding params
-    param_order: list[Node] = field(default_factory=list, repr=False)  # params, as given
-    # True when a custom Function in this group's W may need its "input" half too
-    # (e.g. first stage: activations computed from parameters alone), see _directions
-    needs_both_directions: bool = field(default=False, repr=False)
-    # filled by stage_backward_input: output edges outside C with their gradients
-    root_edges: list = field(default_factory=list, repr=False)
-    root_grads: list = field(default_factory=list, repr=False)
-    tensors: list = field(default_factory=list, repr=False)  # the parameter tensors
+    What the analysis finds, and nothing else: it never changes once built. The gradients
+    one microbatch's I leaves for W live in a `PendingWeight` (see _pending).
+    """
+
+    param_nodes: tuple[Node, ...]  # AccumulateGrad nodes of the parameters, in the order given
+    intermediates: tuple[Node, ...]  # C nodes where the params' gradient paths leave C
     # per intermediate: indices of its output edges (next_functions) that lead to
     # this group's params, i.e. the edges W needs from it
-    exits: list[list[int]] = field(default_factory=list, repr=False)
-    # filled by stage_backward_input for a group whose weight half I computed on
-    # the way (a LayerNorm's, see _backward._eager_edges): the parameter edges
-    # and their gradients, which W only delivers into `.grad`
-    ready_edges: list = field(default_factory=list, repr=False)
-    ready_grads: list = field(default_factory=list, repr=False)
+    exits: tuple[tuple[int, ...], ...] = ()
+    roots: tuple[Node, ...] = ()  # output nodes outside C feeding params
+    # True when a custom Function in this group's W may need its "input" half too
+    # (e.g. first stage: activations computed from parameters alone), see _directions
+    needs_both_directions: bool = False
+
+    @property
+    def params(self) -> frozenset[Node]:
+        """The parameters' nodes as a set (membership tests)."""
+        return frozenset(self.param_nodes)
+
+    @property
+    def grads(self) -> None:
+        raise AttributeError(
+            "ParamGroup.grads moved: a ParamGroup is what the analysis finds and never changes; "
+            "the gradients one stage_backward_input captured live in its PendingWeight "
+            "(BackwardInputResult.pending_weight), which stage_backward_weight consumes"
+        )
+
+    def __repr__(self) -> str:  # node reprs are long; counts say enough in a notebook
+        return (
+            f"ParamGroup({len(self.param_nodes)} params, {len(self.intermediates)} intermediates"
+            f", {len(self.roots)} outputs outside the input closure)"
+        )
 
 
 def _find(parent: list[int], i: int) -> int:
@@ -69,7 +78,7 @@ def _has_mixed_custom_function(nodes: Sequence[Node], closure: dict) -> bool:
                 if (
                     producer is not None
                     and producer not in closure
-                    and type(producer).__name__ != "AccumulateGrad"
+                    and not hasattr(producer, "variable")  # only AccumulateGrad nodes have it
                 ):
                     return True
     return False
@@ -117,27 +126,26 @@ def group_params(
                 a, b = _find(parent, i), _find(parent, j)
                 parent[max(a, b)] = min(a, b)
 
-    groups: dict[int, ParamGroup] = {}
-    nodes_of: dict[int, set[Node]] = {}  # group -> its nodes outside C
-    for i, param in enumerate(params):
-        rep = _find(parent, i)
-        group = groups.get(rep)
-        if group is None:
-            group = groups[rep] = ParamGroup(params=set(), intermediates=[])
-        group.params.add(param)
-        nodes_of.setdefault(rep, set()).update(outside_of[i])
-        group.param_order.append(param)
-        group.needs_both_directions |= mixed[i]
-        for entry in entries_of[i]:
-            if owner[entry] == i:  # each entry listed once, by the param that found it
-                if entry in closure:
-                    group.intermediates.append(entry)
-                else:
-                    group.roots.append(entry)
-    for rep, group in groups.items():
-        mine = nodes_of[rep]
-        group.exits = [
-            [k for k, (n, _) in enumerate(node.next_functions) if n in mine]
-            for node in group.intermediates
-        ]
-    return list(groups.values())  # dict order = order of the first param of each group
+    # one group per union-find representative: its params, intermediates and roots in order
+    members: dict[int, list[int]] = {}
+    for i in range(len(params)):
+        members.setdefault(_find(parent, i), []).append(i)
+    groups = []
+    for idx in members.values():  # dict order = order of the first param of each group
+        mine: set[Node] = set().union(*(outside_of[i] for i in idx))  # the group's nodes outside C
+        # each entry listed once, by the param that found it
+        entries = [e for i in idx for e in entries_of[i] if owner[e] == i]
+        intermediates = tuple(e for e in entries if e in closure)
+        groups.append(
+            ParamGroup(
+                param_nodes=tuple(params[i] for i in idx),
+                intermediates=intermediates,
+                exits=tuple(
+                    tuple(k for k, (n, _) in enumerate(node.next_functions) if n in mine)
+                    for node in intermediates
+                ),
+                roots=tuple(e for e in entries if e not in closure),
+                needs_both_directions=any(mixed[i] for i in idx),
+            )
+        )
+    return groups

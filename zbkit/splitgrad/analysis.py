@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import graphviz
 import torch
 from torch import nn
 from torch.autograd.graph import Node
@@ -14,10 +14,13 @@ from torch.autograd.graph import Node
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node, ordered_closure
 from zbkit.splitgrad._groups import ParamGroup, group_params
 
+if TYPE_CHECKING:
+    import graphviz
+
 
 @dataclass(eq=False)
 class GroupInfo:
-    """One ParamGroup, named."""
+    """One ParamGroup, named (`group` holds its autograd nodes)."""
 
     index: int
     param_names: list[str]  # as module.named_parameters() names them
@@ -28,6 +31,11 @@ class GroupInfo:
 
 @dataclass(eq=False)
 class SplitGradAnalysis:
+    """How a stage's backward splits: groups, closure and labels; a table in a notebook.
+
+    Data only: `to_dot()` (or `zbkit.viz.draw_graph(analysis)`) draws it.
+    """
+
     groups: list[GroupInfo]
     input_closure: set[Node]  # the nodes the input pass (I) executes
     reverse_graph: dict[Node, list[Node]]  # node -> nodes that consume it
@@ -70,26 +78,12 @@ class SplitGradAnalysis:
         )
 
     def to_dot(self) -> graphviz.Digraph:
-        """The autograd graph in forward direction; I nodes blue, W start points orange."""
-        dot = graphviz.Digraph("splitgrad", graph_attr={"rankdir": "TB"})
-        dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="10")
-        ids = {node: f"n{i}" for i, node in enumerate(self.reverse_graph)}
-        starts = {n for g in self.groups for n in g.group.intermediates or ()}
-        params = {n for g in self.groups for n in g.group.params}
-        for node, nid in ids.items():
-            if node in starts:
-                color = "orange"
-            elif node in self.input_closure:
-                color = "lightblue"
-            elif node in params:
-                color = "palegreen"
-            else:
-                color = "white"
-            dot.node(nid, self.labels[node], fillcolor=color)
-        for node, users in self.reverse_graph.items():
-            for user in users:
-                dot.edge(ids[node], ids[user])  # producer -> consumer, as the forward ran
-        return dot
+        """The autograd graph with its groups and split points: `zbkit.viz.draw_graph(self)`."""
+        # imported here: drawing lives in viz, which reads splitgrad; splitgrad itself
+        # stays pure torch and must not import viz (or graphviz) when it is imported
+        from zbkit.viz import draw_graph
+
+        return draw_graph(self)
 
 
 def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -129,7 +123,7 @@ def analyze(
     infos = [
         GroupInfo(
             index=i,
-            param_names=[param_name[p] for p in g.param_order],
+            param_names=[param_name[p] for p in g.param_nodes],
             intermediates=[labels[n] for n in g.intermediates],
             outputs=[labels[n] for n in g.roots],
             group=g,

@@ -44,18 +44,25 @@ class Walk:
 
 
 def shape_text(shape: Any) -> str:
+    """'(5, 8)' for a shape; '' when it is unknown (None)."""
     return "(" + ", ".join(str(s) for s in shape) + ")" if shape is not None else ""
+
+
+def output_shapes(node: Any) -> list[tuple[int, ...]]:
+    """Shapes of the tensors this node's forward produced (the gradients it receives), if known."""
+    variable = getattr(node, "variable", None)
+    if variable is not None:  # AccumulateGrad: the leaf itself
+        return [tuple(variable.shape)]
+    try:  # private but long-lived: the metadata autograd checks incoming gradients against
+        return [tuple(m.shape) for m in node._input_metadata]
+    except (AttributeError, TypeError):  # another torch: shapes left out of the labels
+        return []
 
 
 def node_shape(node: Any) -> tuple[int, ...] | None:
     """Shape of the (first) tensor this node's forward produced, if torch tells us."""
-    variable = getattr(node, "variable", None)
-    if variable is not None:
-        return tuple(variable.shape)
-    try:  # private but long-lived: the metadata autograd checks incoming gradients against
-        return tuple(node._input_metadata[0].shape)
-    except (AttributeError, IndexError, TypeError):
-        return None
+    shapes = output_shapes(node)
+    return shapes[0] if shapes else None
 
 
 def op_name(node: Any) -> str:

@@ -18,8 +18,20 @@ import graphviz
 import torch
 
 from zbkit.viz import _colors as c
-from zbkit.viz._autograd import GNode, Walk, assign_modules, depth_of, node_shape, shape_text, walk
+from zbkit.viz._autograd import (
+    GNode,
+    Walk,
+    assign_modules,
+    depth_of,
+    node_shape,
+    output_shapes,
+    shape_text,
+    walk,
+)
 from zbkit.viz._dot import ZbDigraph, legend, shorten
+
+# the shape helpers are public here: the widgets label the same nodes the same way
+__all__ = ["draw_graph", "node_shape", "output_shapes", "shape_text"]
 
 Phase = Literal["F", "I", "W"]
 
@@ -157,7 +169,7 @@ def draw_graph(
             f"(valid: 0..{len(groups) - 1})"
         )
     closure = set(analysis.input_closure)
-    split_nodes = {n for g in groups for n in (g.intermediates or [])}
+    split_nodes = {n for g in groups for n in g.intermediates}
     owner = _w_regions(w, closure, groups)
     depth = depth if depth is not None else _auto_depth(w, max_nodes)
 
@@ -178,7 +190,7 @@ def draw_graph(
         rep[g.id] = bid
         boxes.setdefault(bid, []).append(g)
     module_of_box = {bid: path for path, bid in module_box.items()}
-    chosen_splits = set(groups[group].intermediates or []) if group is not None else split_nodes
+    chosen_splits = set(groups[group].intermediates) if group is not None else split_nodes
 
     clusters: dict[int, graphviz.Digraph] = {}
     for bid, members in boxes.items():

@@ -8,23 +8,18 @@ from typing import Any
 import ipywidgets as w
 from IPython.display import display
 
-from zbkit.viz import draw_graph
-from zbkit.viz._autograd import node_shape, shape_text
+from zbkit.viz.graph import draw_graph, node_shape, output_shapes, shape_text
 from zbkit.widgets._common import table_html
 
 
-def _captured_shapes(node: Any, captured: Any) -> str:
-    """Shapes of the gradients I records at a split point: one per output edge of the node.
+def _captured_shapes(node: Any) -> str:
+    """Shapes of the gradients I captures at a split point: one per output edge of the node.
 
-    After `stage_backward_input` they are the real captured tensors; before, the shapes autograd
-    expects there (what the forward produced), so the table is useful before any backward.
+    The analysis runs no backward, so these are the shapes autograd expects there (what the
+    forward produced): exactly what `stage_backward_input` will capture.
     """
-    if captured is not None:
-        return ", ".join(shape_text(g.shape) if g is not None else "None" for g in captured)
-    try:
-        return ", ".join(shape_text(m.shape) for m in node._input_metadata) + " (expected)"
-    except (AttributeError, TypeError):
-        return "?"
+    shapes = output_shapes(node)
+    return ", ".join(shape_text(s) for s in shapes) + " (expected)" if shapes else "?"
 
 
 class ParamGroupExplorer(w.VBox):
@@ -87,14 +82,11 @@ class ParamGroupExplorer(w.VBox):
         group = info.group
         params = [
             [name, shape_text(node_shape(node))]
-            for name, node in zip(info.param_names, group.param_order, strict=True)
+            for name, node in zip(info.param_names, group.param_nodes, strict=True)
         ]
-        captured = list(group.grads or []) + [None] * len(group.intermediates or [])
         splits = [
-            [label, _captured_shapes(node, captured[k])]
-            for k, (label, node) in enumerate(
-                zip(info.intermediates, group.intermediates or [], strict=False)
-            )
+            [label, _captured_shapes(node)]
+            for label, node in zip(info.intermediates, group.intermediates, strict=True)
         ]
         outputs = ", ".join(info.outputs) or "none"
         return (

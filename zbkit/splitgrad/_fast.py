@@ -1,0 +1,228 @@
+"""Two fast paths for the split backward, and the one check that guards them.
+
+The reference path (_weight.py) is the whole idea; these only make it cheaper:
+
+- LayerNorm halves in I (`eager_edges`): a normalisation node whose parameters
+  only it uses gets its weight gradients in I, from the same fused kernel call as
+  its input gradient; W then only delivers them into `.grad`.
+- batched W (`run_batched`): the reference path makes one engine call per group,
+  and each engine call walks the whole graph below its roots first, so a deep
+  stage pays O(groups x nodes). Here W calls every single-intermediate group's
+  node itself, inside one tiny engine call whose bookkeeping marks only the
+  parameter-side edges as needed (so each node computes only its weight half),
+  then one more engine call delivers all those gradients into `.grad`.
+
+Both lean on torch internals: `torch.autograd.graph._engine_run_backward`, a
+node's `_input_metadata`, a built-in node called from Python inside a backward,
+and a leaf's `_backward_hooks`. `fast_paths_available()` probes them once on a
+tiny graph against plain autograd; where they are missing or behave differently
+(another torch version) zbkit falls back to the reference path: exact, slower.
+`reference_weight_pass()` or ZBKIT_SPLITGRAD_REFERENCE=1 force that fallback.
+Measured gains: benchmarks/splitgrad_overhead.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from torch.autograd.function import BackwardCFunction
+from torch.autograd.graph import GradientEdge, Node
+
+from zbkit.splitgrad._graph import build_reverse_graph, grad_node
+from zbkit.splitgrad._groups import ParamGroup, group_params
+from zbkit.splitgrad._pending import PendingGroup
+
+ENV_REFERENCE = "ZBKIT_SPLITGRAD_REFERENCE"  # set to 1: never take a fast path
+_force_reference: ContextVar[bool] = ContextVar("zbkit_splitgrad_reference", default=False)
+
+
+@contextmanager
+def reference_weight_pass() -> Iterator[None]:
+    """Within the block, I and W take the reference path only (no fast path, no torch internals)."""
+    token = _force_reference.set(True)
+    try:
+        yield
+    finally:
+        _force_reference.reset(token)
+
+
+def use_fast_paths() -> bool:
+    """Whether this I or W may take the fast paths: not forced off, and the probe passed."""
+    if _force_reference.get() or os.environ.get(ENV_REFERENCE, "0") not in ("", "0"):
+        return False
+    return fast_paths_available()
+
+
+@functools.cache
+def fast_paths_available() -> bool:
+    """Whether this torch's internals work as the fast paths expect (probed once, cached)."""
+    try:
+        with torch.enable_grad():  # the first I may run inside a caller's no_grad block
+            reason = _probe()
+    # what a changed internal raises: gone (Attribute/Import), new signature (Type), new checks
+    except (AttributeError, ImportError, IndexError, RuntimeError, TypeError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        warnings.warn(
+            f"zbkit.splitgrad: the fast weight pass does not work on torch {torch.__version__} "
+            f"({reason}); using the reference path (exact gradients, slower W)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return reason is None
+
+
+def _probe() -> str | None:
+    """None if the fast paths give plain autograd's gradients on a tiny stage, else why not."""
+    if not hasattr(torch.autograd.graph, "_engine_run_backward"):
+        return "torch.autograd.graph._engine_run_backward is missing"
+    leaf = torch.zeros(2, device="cpu", requires_grad=True)
+    handle = leaf.register_hook(lambda g: g)
+    hooked = bool(leaf._backward_hooks)  # eager_edges skips parameters with tensor hooks
+    handle.remove()
+    if not hooked or leaf._backward_hooks:
+        return "Tensor._backward_hooks does not list a leaf's hooks"
+    # a Linear as a middle stage: W replays its node and reduces the bias gradient
+    gen = torch.Generator().manual_seed(0)  # its own generator: the caller's stream is untouched
+    x, w, b, g = (
+        torch.randn(shape, generator=gen, dtype=torch.float64, device="cpu", requires_grad=grad)
+        for shape, grad in (((4, 2), True), ((3, 2), True), ((3,), True), ((4, 3), False))
+    )
+    y = torch.nn.functional.linear(x, w, b)
+    want = torch.autograd.grad(y, [w, b], g, retain_graph=True)
+    reverse = build_reverse_graph([y.grad_fn])
+    groups = group_params([grad_node(x)], [grad_node(w), grad_node(b)], reverse)
+    work = [PendingGroup(groups[0], [w, b], [(g,)])] if len(groups) == 1 else []
+    if not work or not batchable(work[0]):
+        return "a Linear's parameters do not form one batchable group"
+    run_batched(work, retain_graph=False)
+    if not all(
+        p.grad is not None and torch.allclose(p.grad, e) for p, e in zip((w, b), want, strict=True)
+    ):
+        return "the batched weight pass gives gradients that differ from plain autograd's"
+    return None
+
+
+# ---------------------------------------------------------------- LayerNorm halves in I
+
+# Nodes whose weight half is cheap next to what splitting it off costs. A
+# LayerNorm's weight gradients are two row reductions (O(N*d), like its input
+# half), but computed alone in W they first recompute the normalised input, and
+# W needs the node's incoming gradient (N*d floats) kept alive from I. So I asks
+# for them too: one fused kernel call, exactly as plain backward makes it, and
+# only two d-sized gradients wait for W. Matmul-like nodes stay split: their
+# weight half is the expensive part that W exists to defer.
+EAGER_NODES = frozenset({"NativeLayerNormBackward0", "NativeGroupNormBackward0"})
+
+
+def eager_edges(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list[GradientEdge]:
+    """The parameter edges of a group whose weight half I may compute ([] if not eligible).
+
+    Eligible: one intermediate named in EAGER_NODES, no outputs outside the input
+    closure, and every parameter of the group a leaf fed by that node alone (so
+    capturing its edge in I sees exactly what plain backward would deliver) and
+    without tensor hooks (capturing runs them; W would run them again).
+    """
+    if len(group.intermediates) != 1 or group.roots or group.needs_both_directions:
+        return []
+    node = group.intermediates[0]
+    if node.name() not in EAGER_NODES:
+        return []
+    edges = []
+    for k in group.exits[0]:
+        param, nr = node.next_functions[k]
+        leaf = getattr(param, "variable", None)  # only AccumulateGrad nodes have it
+        if leaf is None or reverse.get(param) != [node] or leaf._backward_hooks:
+            return []
+        edges.append(GradientEdge(param, nr))
+    return edges if len(edges) == len(group.param_nodes) else []
+
+
+# ---------------------------------------------------------------- batched W
+
+
+def batchable(work: PendingGroup) -> bool:
+    """Ready groups, and groups with one built-in intermediate that I reached."""
+    group = work.group
+    return bool(work.ready) or (
+        len(group.intermediates) == 1
+        and not group.roots
+        and work.captured[0] is not None
+        and not isinstance(group.intermediates[0], BackwardCFunction)
+    )
+
+
+def run_batched(works: list[PendingGroup], retain_graph: bool) -> None:
+    """Weight halves of many batchable groups in two engine calls, then into `.grad`.
+
+    Groups whose weight half I computed only join the delivery. Empties `works`.
+    """
+    edges, grads = _replay([wk for wk in works if not wk.ready])
+    params = [t for wk in works for t in wk.tensors]
+    for start, start_grads in (wk.start_edges() for wk in works if wk.ready):
+        edges += start
+        grads += start_grads
+    # drop the groups, and through them the replayed nodes with their saved
+    # activations, before the delivery allocates the weight gradients
+    works.clear()
+    if edges:
+        # the engine's own entry point: it reduces broadcast gradients (a bias)
+        # to the shape each node expects, like a normal backward does
+        torch.autograd.graph._engine_run_backward(
+            tuple(edges),
+            tuple(grads),
+            retain_graph,
+            False,  # create_graph
+            tuple(params),
+            allow_unreachable=True,
+            accumulate_grad=True,
+        )
+
+
+def _replay(works: list[PendingGroup]) -> tuple[list[GradientEdge], list[torch.Tensor]]:
+    """Call each group's intermediate for its weight half: the exit edges and their gradients."""
+    if not works:
+        return [], []
+    nodes = [wk.group.intermediates[0] for wk in works]
+    exit_edges = [
+        [node.next_functions[k] for k in wk.group.exits[0]]
+        for wk, node in zip(works, nodes, strict=True)
+    ]
+    # the shape each exit edge's node expects: a Linear's bias gradient comes out
+    # of AddmmBackward unreduced (as big as the captured gradient, often aliasing
+    # it); reducing it right away, as the engine would, frees the capture now
+    # instead of after the last group, so W's own allocations reuse that memory
+    shapes = [[tuple(n._input_metadata[nr].shape) for n, nr in edges] for edges in exit_edges]
+    edges: list[GradientEdge] = []
+    grads: list[torch.Tensor] = []
+
+    def replay(_grad_outputs: tuple) -> None:
+        # runs inside the tiny engine call below: its bookkeeping lists exactly the
+        # exit edges as needed, so each node skips its input half
+        for i, (wk, node) in enumerate(zip(works, nodes, strict=True)):
+            captured, wk.captured = wk.captured[0], []  # free each captured gradient once used
+            out = list(node(*captured))
+            del captured
+            for k, (n, nr), shape in zip(wk.group.exits[0], exit_edges[i], shapes[i], strict=True):
+                if out[k] is None:
+                    continue
+                if out[k].shape != shape:
+                    out[k] = out[k].sum_to_size(shape)  # what the engine's check would do
+                edges.append(GradientEdge(n, nr))
+                grads.append(out[k])
+
+    anchor = torch.zeros((), requires_grad=True)  # a one-node graph to hang `replay` on
+    trigger = anchor.view_as(anchor)
+    handle = trigger.grad_fn.register_prehook(replay)
+    try:
+        wanted = [GradientEdge(n, nr) for exits in exit_edges for n, nr in exits]
+        torch.autograd.grad(trigger, [*wanted, anchor], torch.zeros(()), allow_unused=True)
+    finally:
+        handle.remove()
+    return edges, grads
