@@ -24,6 +24,7 @@ import torch
 
 from zbkit.pipeline import Trace
 from zbkit.schedules import Costs, Schedule, Simulation, bubble_rate, simulate
+from zbkit.schedules.action import PARTS
 from zbkit.schedules.measure import hop_latency, measured_costs
 
 
@@ -168,7 +169,7 @@ def _section(r: Result, out: Path) -> list[str]:
     fig = viz.plot_schedule(r.trace, simulation=r.sim, title=r.name, unit="seconds")
     png = base64.b64encode(fig.to_png()).decode("ascii")
     fmt = lambda xs: " ".join(f"{x:g}" for x in xs)  # noqa: E731
-    ms = [[s, *(f"{getattr(c, k) * 1e3:.2f}" for k in "FIW")] for s, c in enumerate(r.costs)]
+    ms = [[s, *(f"{getattr(c, k) * 1e3:.2f}" for k in PARTS)] for s, c in enumerate(r.costs)]
     name = html.escape(r.name)
     chrome = f"trace-{r.name}.json"
     r.trace.to_chrome(out / chrome)  # every rank's actions, waits and memory, for Perfetto
