@@ -95,7 +95,9 @@ def params_match(a: nn.Module, b: nn.Module, rtol: float = 1e-5, atol: float = 1
 def backend_train(
     backend, loader, epochs: int, opt_name: str, zero_first: bool = False, probe=None
 ):
-    """The loop of DESIGN.md, run through `backend`; returns (model, optimizer, scheduler).
+    """The training loop of zbkit.parallel's docstring, run through `backend`.
+
+    Returns (model, optimizer, scheduler).
 
     `zero_first` puts zero_grad() before backward (the other common loop order);
     `probe(backend, model)` runs after each micro-step's backward.

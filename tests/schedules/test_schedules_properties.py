@@ -1,4 +1,5 @@
-"""The simulator's events re-checked against DESIGN.md's rules, written out independently."""
+"""The simulator's events re-checked, written out independently, against its rules
+(docs/architecture.md, the KINDS table)."""
 
 import random
 

@@ -106,7 +106,7 @@ def test_memory_follows_the_1f1b_closed_form_and_draws_the_limit():
         assert any(ln.get_ydata()[0] == 3 for ln in ax.get_lines() if ln.get_gid() is None)
     assert "> limit" in fig.axes[0].texts[0].get_text()  # rank 0 holds 4 > 3
     assert "> limit" not in fig.axes[3].texts[0].get_text()
-    # the same memory from bare events and the costs (the rule in DESIGN.md)
+    # the same memory from bare events and the costs (the one memory rule, schedules.events)
     bare = plot_memory(list(sim.events), costs=Costs(1, 2, 0))
     for r, ax in enumerate(bare.axes):
         assert max(ax.get_lines()[0].get_ydata()) == sim.peak_memory[r]
