@@ -104,14 +104,22 @@ class Trace:
 
     # ------------------------------------------------------------------ memory
     def memory_for(
-        self, costs: Costs | list[Costs] | float | None = None, mem_weight: float | None = None
+        self,
+        costs: Costs | list[Costs] | float | None = None,
+        mem_weight: float | None = None,
+        *,
+        mem_activation: float | None = None,
     ) -> list[list[tuple[float, float]]]:
         """Per rank: (time, memory held) steps, the measured counts weighted by ``costs``.
 
         ``costs``: one ``Costs`` or one per stage (default ``self.costs``, else ``Costs()``);
         the older form ``memory_for(mem_activation, mem_weight)`` still works.
         """
-        per_stage = _weights(self.costs if costs is None else costs, mem_weight)
+        number = isinstance(costs, int | float)
+        if number or mem_activation is not None or mem_weight is not None:  # the older form
+            act = mem_activation if mem_activation is not None else costs if number else 1.0
+            costs = Costs(mem_activation=act, mem_weight=mem_weight or 0.0)
+        per_stage = _weights(self.costs if costs is None else costs)
         events: dict[int, list[Event]] = {}
         for e in sorted(self.events, key=lambda e: (e.rank, e.start)):
             events.setdefault(e.rank, []).append(e)
@@ -149,11 +157,15 @@ class Trace:
         return self.memory_for()
 
     def peak_for(
-        self, costs: Costs | list[Costs] | float | None = None, mem_weight: float | None = None
+        self,
+        costs: Costs | list[Costs] | float | None = None,
+        mem_weight: float | None = None,
+        *,
+        mem_activation: float | None = None,
     ) -> list[float]:
-        return [
-            max((h for _, h in steps), default=0.0) for steps in self.memory_for(costs, mem_weight)
-        ]
+        """Per rank: the most memory held at once, weighted as ``memory_for`` weighs it."""
+        steps = self.memory_for(costs, mem_weight, mem_activation=mem_activation)
+        return [max((h for _, h in per_rank), default=0.0) for per_rank in steps]
 
     @property
     def peak_memory(self) -> list[float]:
@@ -218,12 +230,10 @@ class Trace:
         return doc
 
 
-def _weights(costs: Any, mem_weight: float | None):
-    """stage -> Costs, from one Costs, a list per stage, None, or (mem_activation, mem_weight)."""
+def _weights(costs: Any):
+    """stage -> Costs, from one Costs, a list per stage, or None (``Costs()``)."""
     if costs is None:
         costs = Costs()
-    elif isinstance(costs, int | float):  # the older memory_for(mem_activation, mem_weight)
-        costs = Costs(mem_activation=costs, mem_weight=mem_weight or 0.0)
     if isinstance(costs, Costs):
         return lambda stage: costs
     return lambda stage: costs[stage]
