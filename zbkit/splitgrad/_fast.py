@@ -10,7 +10,10 @@ The reference path (_weight.py) is the whole idea; these only make it cheaper:
   stage pays O(groups x nodes). Here W calls every single-intermediate group's
   node itself, inside one tiny engine call whose bookkeeping marks only the
   parameter-side edges as needed (so each node computes only its weight half),
-  then one more engine call delivers all those gradients into `.grad`.
+  then one more engine call delivers all those gradients into `.grad`. Hooks
+  on the replayed node itself do not run again in W (they ran in I). Were a
+  node called this way to compute its input half too, W would stay exact, only
+  slower: tests/splitgrad counts the matmuls to notice.
 
 Both lean on torch internals: `torch.autograd.graph._engine_run_backward`, a
 node's `_input_metadata`, a built-in node called from Python inside a backward,
