@@ -83,10 +83,11 @@ class AutoSearch:
 
     schedule: Schedule
     chosen: Candidate
-    tried: list[Tried]
+    tried: list[Tried]  # every candidate of the placement, in CANDIDATES order
     memory_limit: float
+    placement: str
 
-    def __str__(self) -> str:
+    def __repr__(self) -> str:  # the table: what a notebook shows for `explain_auto(...)`
         lines = [f"zb-auto ({self.placement}), memory_limit={self.memory_limit:g}:"]
         width = max(len(t.candidate.name) for t in self.tried)
         for t in self.tried:
@@ -96,11 +97,8 @@ class AutoSearch:
             lines.append(
                 f"{mark} {t.candidate.name:<{width}}  span {span:>9}  peak {peak:>6}  {t.note}"
             )
+        lines.append(f"kept {self.chosen.name}: {self.chosen.reason}")
         return "\n".join(lines)
-
-    @property
-    def placement(self) -> str:
-        return "v" if self.schedule.stages_per_rank == 2 else "linear"
 
 
 # ---- the candidates' builders -------------------------------------------------------------
@@ -368,7 +366,7 @@ def search(
         except ScheduleError:
             tried[row] = Tried(tried[row].candidate, None, tried[row].peak, "invalid")
             continue
-        return AutoSearch(schedule, tried[row].candidate, tried, memory_limit)
+        return AutoSearch(schedule, tried[row].candidate, tried, memory_limit, placement)
     why = "\n".join(f"  {t.candidate.name}: {t.note}" for t in tried)
     raise ValueError(f"{name}: no candidate fits memory_limit={memory_limit:g}:\n{why}")
 
