@@ -76,21 +76,35 @@ def _check_actions(schedule: Schedule) -> dict[tuple[str, int, int], tuple[int, 
     """One pass per rank, asking the `KINDS` table; returns (part, stage, mb) -> (pos, action).
 
     Each action must be new, on its stage's rank, do no part of the work (F, I, W) that an
-    earlier action already did, and come after what it needs from its own stage.
+    earlier action already did, and come after what it needs from its own stage. Keys are
+    integers (index * n*m + stage * m + microbatch) so 24k actions check in tens of ms.
     """
     n, m = schedule.num_stages, schedule.microbatches
-    where = schedule.stage_to_rank
-    seen: dict[Action, int] = {}
-    done: dict[tuple[str, int, int], tuple[int, Action]] = {}  # (part, s, j) -> who did it
+    nm, where = n * m, schedule.stage_to_rank
+    letters = list(KINDS)
+    products = list(Product)
+    # per kind, from the table: its index, its parts' indices, what it needs from its own
+    # stage (product indices), what it makes (a product index or -1)
+    table = {
+        k: (
+            letters.index(k),
+            tuple(PARTS.index(p) for p in kind.parts),
+            tuple(products.index(p) for p, d in kind.needs if d == 0),
+            products.index(kind.makes) if kind.makes is not None else -1,
+        )
+        for k, kind in KINDS.items()
+    }
+    seen = [-1] * (len(letters) * nm)  # action -> position
+    done = [-1] * (len(PARTS) * nm)  # part of (stage, mb) -> position of who did it
+    made = [False] * (len(products) * nm)
     for rank in range(schedule.pp):
-        made: set[tuple[Product, int, int]] = set()  # what this rank's actions made so far
-        for pos, a in enumerate(schedule.program[rank]):
+        program = schedule.program[rank]
+        for pos, a in enumerate(program):
             if not isinstance(a, Action):
                 raise _fail(
                     schedule, f"rank {rank}, position {pos}: {a!r} is not an Action", [(rank, pos)]
                 )
-            s, j, kind = a.stage, a.microbatch, a.info
-            here = f"rank {rank}, position {pos}: {_where(a)}"
+            s, j = a.stage, a.microbatch
             if s >= n or j >= m:
                 raise _fail(
                     schedule,
@@ -98,44 +112,53 @@ def _check_actions(schedule: Schedule) -> dict[tuple[str, int, int], tuple[int, 
                     f"0..{n - 1} and microbatches 0..{m - 1}",
                     [(rank, pos)],
                 )
+            here = lambda: f"rank {rank}, position {pos}: {_where(a)}"  # noqa: B023 - used at once
             if where[s] != rank:
                 raise _fail(
                     schedule,
-                    f"{here} runs on rank {rank}, but stage {s} lives on rank {where[s]}; a "
+                    f"{here()} runs on rank {rank}, but stage {s} lives on rank {where[s]}; a "
                     "stage cannot be on two ranks",
                     [(rank, pos)],
                 )
-            if a in seen:
-                msg = f"{here} is repeated (first at position {seen[a]})"
-                raise _fail(schedule, msg, [(rank, seen[a]), (rank, pos)])
-            for part in kind.parts:
-                if (part, s, j) in done:
-                    p2, other = done[part, s, j]
+            base = s * m + j
+            index, parts, local_needs, makes = table[a.kind]
+            if seen[index * nm + base] >= 0:
+                first = seen[index * nm + base]
+                msg = f"{here()} is repeated (first at position {first})"
+                raise _fail(schedule, msg, [(rank, first), (rank, pos)])
+            for p in parts:
+                p2 = done[p * nm + base]
+                if p2 >= 0:  # same stage means same rank: p2 is a position on this rank
                     raise _fail(
                         schedule,
-                        f"{here} computes the {_PART_NAME[part]} a second time ({other} at "
-                        f"position {p2} did); each of {', '.join(PARTS)} runs once per stage "
-                        f"and microbatch: {_ways()}",
+                        f"{here()} computes the {_PART_NAME[PARTS[p]]} a second time "
+                        f"({program[p2]} at position {p2} did); each of {', '.join(PARTS)} runs "
+                        f"once per stage and microbatch: {_ways()}",
                         [(rank, p2), (rank, pos)],
                     )
-            # same stage means same rank, so "made" below means "earlier on this rank"
-            for product, stage in kind.needs_of(s, n):
-                if stage == s and (product, s, j) not in made:
-                    options = [Action(s, k.letter, j) for k in kinds_making(product)]
-                    later = next((o for o in options if o in schedule.program[rank]), None)
+            for q in local_needs:  # what it needs from its own stage: made earlier here
+                if not made[q * nm + base]:
+                    options = [Action(s, k.letter, j) for k in kinds_making(products[q])]
+                    later = next((o for o in options if o in program), None)
                     producer = later or options[0]
                     problem = (
                         f"comes before its {producer.info.name} {producer}"
                         if later
                         else f"but {producer} is missing"
                     )
-                    raise _fail(schedule, f"{here} {problem}", [(rank, pos)])
-            for part in kind.parts:
-                done[part, s, j] = (pos, a)
-            if kind.makes is not None:
-                made.add((kind.makes, s, j))
-            seen[a] = pos
-    return done
+                    raise _fail(schedule, f"{here()} {problem}", [(rank, pos)])
+            for p in parts:
+                done[p * nm + base] = pos
+            if makes >= 0:
+                made[makes * nm + base] = True
+            seen[index * nm + base] = pos
+    return {
+        (part, s, j): (pos, schedule.program[where[s]][pos])
+        for p, part in enumerate(PARTS)
+        for s in range(n)
+        for j in range(m)
+        if (pos := done[p * nm + s * m + j]) >= 0
+    }
 
 
 def _check_complete(
