@@ -107,10 +107,14 @@ def test_builders_refuse_bad_options():
 def test_a_broken_builder_output_is_caught_by_the_invariant():
     s = build_schedule("zb-h1", pp=2, microbatches=2)
     s.program[1].pop()
-    with pytest.raises(AssertionError, match="stage 1 on rank 1"):
+    with pytest.raises(AssertionError, match="stage 1 on rank 1 does the parts .*'W': 1"):
         check_counts(s)
     with pytest.raises(ScheduleError):
         validate(s)
+    moved = build_schedule("1f1b", pp=2, microbatches=2)
+    moved.program[0].append(moved.program[1].pop())  # 1B1 on rank 0
+    with pytest.raises(AssertionError, match="1B1 on rank 0, but stage 1 lives on rank 1"):
+        check_counts(moved)
 
 
 def test_cli_zb_auto_names_the_candidate_it_kept_and_zb_v_refuses_a_limit(capsys):

@@ -9,7 +9,7 @@ The layers and where to add a schedule or an action kind: docs/architecture.md.
 """
 
 from zbkit.schedules.action import KINDS, Action, Kind, Product
-from zbkit.schedules.builders import SCHEDULES, build_schedule
+from zbkit.schedules.builders import SCHEDULES, build_schedule, explain_auto
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.events import Event, bubble_rate, memory_deltas, memory_steps
 from zbkit.schedules.plan import Comm, CommOp, Plan, derive_plan
@@ -34,6 +34,7 @@ __all__ = [
     "bubble_rate",
     "build_schedule",
     "derive_plan",
+    "explain_auto",
     "memory_deltas",
     "memory_steps",
     "simulate",

@@ -29,8 +29,9 @@ from zbkit.schedules import _engine
 from zbkit.schedules._build_greedy import greedy, sweep
 from zbkit.schedules._refine import defer_late_ws
 from zbkit.schedules.action import KINDS, Action
+from zbkit.schedules.costs import Costs
+from zbkit.schedules.costs import per_stage as costs_per_stage
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.simulate import Costs
 from zbkit.schedules.validate import validate
 
 PLACEMENTS = ("linear", "v")
@@ -296,17 +297,6 @@ CANDIDATES: dict[str, list[Candidate]] = {"linear": _LINEAR, "v": _V}
 # ---- the search ---------------------------------------------------------------------------
 
 
-def _per_stage(costs: Costs | Sequence[Costs] | None, stages: int, name: str) -> list[Costs]:
-    if costs is None:
-        return [Costs()] * stages
-    if isinstance(costs, Costs):
-        return [costs] * stages
-    costs = list(costs)
-    if len(costs) != stages or not all(isinstance(c, Costs) for c in costs):
-        raise ValueError(f"{name}: costs must be a Costs or a list of {stages} (one per stage)")
-    return costs
-
-
 def search(
     pp: int,
     m: int,
@@ -324,7 +314,7 @@ def search(
     if placement not in PLACEMENTS:
         raise ValueError(f"{name}: placement must be one of {PLACEMENTS}, got {placement!r}")
     stages = 2 * pp if placement == "v" else pp
-    per_stage = _per_stage(costs, stages, name)
+    per_stage = costs_per_stage(costs, stages, name)
     if memory_limit is None:
         # 1F1B's rank 0 holds p microbatches of its whole model part: p stages, or 2p halves
         memory_limit = stages * max(c.mem_activation for c in per_stage)

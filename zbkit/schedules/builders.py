@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules._auto import PLACEMENTS, AutoSearch, search, zb_auto
+from zbkit.schedules.action import PARTS
+from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import Costs
 
 __all__ = ["PLACEMENTS", "SCHEDULES", "AutoSearch", "build_schedule", "explain_auto"]
 
@@ -125,24 +126,23 @@ def explain_auto(
 
 
 def check_counts(schedule: Schedule) -> None:
-    """Builder invariant: each stage has m F, and m B or m I and m W, on its own rank."""
-    counts = Counter(
-        (a.stage, a.kind, rank) for rank, prog in schedule.program.items() for a in prog
-    )
+    """Builder invariant: on its own rank, each stage does every part of the work (F, I, W)
+    m times: m F, and m B or m I and m W (the parts each kind does come from `KINDS`)."""
     m = schedule.microbatches
+    counts: Counter = Counter()  # (stage, part) -> times done on the stage's own rank
+    for rank, prog in schedule.program.items():
+        for a in prog:
+            if schedule.stage_to_rank[a.stage] != rank:
+                raise AssertionError(
+                    f"{schedule.name}: builder bug: {a} on rank {rank}, but stage {a.stage} "
+                    f"lives on rank {schedule.stage_to_rank[a.stage]}"
+                )
+            counts.update((a.stage, part) for part in a.info.parts)
     for s, rank in enumerate(schedule.stage_to_rank):
-        got = {k: counts[s, k, rank] for k in "FIWB"}
-        ok = got["F"] == m and (
-            (got["B"] == m and got["I"] == got["W"] == 0)
-            or (got["B"] == 0 and got["I"] == got["W"] == m)
-        )
-        if not ok:
+        got = {part: counts[s, part] for part in PARTS}
+        if any(n != m for n in got.values()):
+            kinds = Counter(a.kind for a in schedule.program[rank] if a.stage == s)
             raise AssertionError(
-                f"{schedule.name}: builder bug: stage {s} on rank {rank} has {got}, expected "
-                f"F={m} and B={m} or I=W={m}"
+                f"{schedule.name}: builder bug: stage {s} on rank {rank} does the parts "
+                f"{got} (actions {dict(kinds)}), expected each of {', '.join(PARTS)} {m} times"
             )
-    total = sum(len(p) for p in schedule.program.values())
-    if total != sum(counts.values()) or total != sum(
-        (3 if counts[s, "I", r] else 2) * m for s, r in enumerate(schedule.stage_to_rank)
-    ):
-        raise AssertionError(f"{schedule.name}: builder bug: actions on the wrong rank")
