@@ -183,3 +183,36 @@ def test_scale_grads_false_sums_the_microbatch_losses() -> None:
     LocalPipeline(mods, sch, loss_fn, scale_grads=False).step(x, y)
     summed = [{n: None if g is None else 4 * g for n, g in d.items()} for d in expected]
     assert_grads_match(mods, summed, "scale_grads=False", atol=4e-6)
+
+
+class _LinearTanh(nn.Module):
+    """Autograd saves the Linear's input (for the weight grad) and tanh's output: 2 B*d floats."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor | None = None, h: torch.Tensor | None = None) -> dict:
+        return {"h": torch.tanh(self.lin(x if x is not None else h))}
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-v"])
+def test_activation_bytes_are_what_autograd_saves(name: str) -> None:
+    rows, d, m = 4, 8, 4
+    sch = schedule(name, 2, m)
+    mods = [_LinearTanh(d) for _ in range(sch.num_stages)]
+    per_microbatch = 2 * (rows // m) * d * 4  # input + tanh output, float32, per microbatch
+    pipe = LocalPipeline(mods, sch, lambda out, y: out["h"].pow(2).mean())
+    pipe.step({"x": torch.randn(rows, d)}, torch.zeros(rows))
+    counts = pipe.trace.peak_memory  # microbatches (chunks for zb-v) held at once
+    assert pipe.trace.peak_bytes == [c * per_microbatch for c in counts]
+    # a second step reuses the count made on the first forward with these shapes
+    pipe.step({"x": torch.randn(rows, d)}, torch.zeros(rows))
+    assert pipe.trace.peak_bytes == [c * per_microbatch for c in counts]
+    # the stage drops them with the microbatch
+    stage = pipe.stages[0]
+    assert stage.held_activation_bytes == 0
+    stage.forward(0, {"x": torch.randn(1, d)})
+    assert stage.held_activation_bytes == 2 * d * 4
+    stage.reset()
+    assert stage.held_activation_bytes == 0

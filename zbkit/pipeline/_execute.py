@@ -105,7 +105,14 @@ class StepState:
         rank = self.stage_to_rank[s]
         self.trace.events.append(Event(rank, s, action.kind, j, start, end))
         self.trace.memory_samples.append(
-            MemorySample(rank, s, end, stage.held_activations, stage.held_weight_state)
+            MemorySample(
+                rank,
+                s,
+                end,
+                stage.held_activations,
+                stage.held_weight_state,
+                stage.held_activation_bytes,
+            )
         )
 
     def ready(self, action: Action) -> bool:

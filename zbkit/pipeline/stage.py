@@ -13,7 +13,8 @@ Per microbatch ``j`` the state walks through two caches::
 
 The sizes of those two caches are what the simulator's memory model counts (F adds an
 activation, I turns it into pending weight state, W and B free it), so the runner can record
-them and compare with ``Simulation.peak_memory``.
+them and compare with ``Simulation.peak_memory``; ``held_activation_bytes`` says what the
+activations weigh in bytes (the tensors autograd saved, see ``_saved.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from zbkit import splitgrad
+from zbkit.pipeline._saved import count_saved, signature
 
 Tensors = dict[str, torch.Tensor]
 
@@ -35,6 +37,7 @@ class _Activation:
     inputs: Tensors  # what F consumed; floating ones require grad on stages > 0
     outputs: Tensors  # what F produced, graph attached
     loss: torch.Tensor | None = None  # last stage: the (scaled) scalar the backward starts from
+    nbytes: int = 0  # bytes of the tensors autograd saved for this microbatch's backward
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class PipelineStage:
         self.split_first_stage = split_first_stage and stage_index == 0
         self._activations: dict[int, _Activation] = {}
         self._pending_weight: dict[int, _PendingWeight] = {}
+        self._saved_bytes: dict[tuple, int] = {}  # input signature -> bytes one F saves
 
     # ------------------------------------------------------------------ properties
     @property
@@ -93,6 +97,11 @@ class PipelineStage:
     def held_activations(self) -> int:
         """Microbatches between F and I/B (the simulator's ``mem_activation`` units)."""
         return len(self._activations)
+
+    @property
+    def held_activation_bytes(self) -> int:
+        """Bytes of saved activations of the microbatches between F and I/B."""
+        return sum(a.nbytes for a in self._activations.values())
 
     @property
     def held_weight_state(self) -> int:
@@ -134,8 +143,14 @@ class PipelineStage:
                 f"{self._name(microbatch)}: inputs must be a tensor or a dict of tensors, got "
                 f"{type(inputs).__name__}"
             )
+        run = lambda: self.module(*args, **({} if args else inputs))  # noqa: E731
+        key = signature(inputs)
         try:
-            out = self.module(*args, **({} if args else inputs))
+            if key in self._saved_bytes:  # one shape saves the same bytes: counted once
+                out, nbytes = run(), self._saved_bytes[key]
+            else:
+                out, nbytes = count_saved(self.module, run)
+                self._saved_bytes[key] = nbytes
         except Exception as exc:  # re-raised with the stage named; the cause keeps its trace
             raise StageError(
                 f"{self._name(microbatch)}: the module's forward raised "
@@ -149,7 +164,7 @@ class PipelineStage:
                 f"{type(out).__name__}; wrap it, e.g. `return {{'hidden': h}}`"
             )
         outputs = {k: v for k, v in out.items() if v is not None}
-        self._activations[microbatch] = _Activation(dict(inputs), outputs)
+        self._activations[microbatch] = _Activation(dict(inputs), outputs, nbytes=nbytes)
         return outputs
 
     def set_loss(self, microbatch: int, loss: torch.Tensor) -> None:

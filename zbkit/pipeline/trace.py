@@ -34,6 +34,7 @@ class MemorySample(NamedTuple):
     time: float
     activations: int  # microbatches between F and I/B
     weight_state: int  # microbatches between I and W
+    activation_bytes: int = 0  # bytes of saved activations of those microbatches
 
 
 class CommEvent(NamedTuple):
@@ -171,6 +172,17 @@ class Trace:
     def peak_memory(self) -> list[float]:
         """Per rank: the most memory held at once, weighted by ``self.costs``."""
         return self.peak_for()
+
+    @property
+    def peak_bytes(self) -> list[int]:
+        """Per rank: the most bytes of saved activations held at once (all its stages)."""
+        held: dict[int, dict[int, int]] = {}  # rank -> stage -> bytes now
+        peak: dict[int, int] = {}
+        for s in sorted(self.memory_samples, key=lambda s: (s.rank, s.time)):
+            now = held.setdefault(s.rank, {})
+            now[s.stage] = s.activation_bytes
+            peak[s.rank] = max(peak.get(s.rank, 0), sum(now.values()))
+        return [peak.get(r, 0) for r in range(max(peak, default=-1) + 1)]
 
     # ------------------------------------------------------------------ export
     def to_chrome(self, path: str | PathLike | None = None) -> dict[str, Any]:
