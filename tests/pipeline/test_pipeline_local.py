@@ -216,3 +216,13 @@ def test_activation_bytes_are_what_autograd_saves(name: str) -> None:
     assert stage.held_activation_bytes == 2 * d * 4
     stage.reset()
     assert stage.held_activation_bytes == 0
+
+
+def test_a_torch_profiler_trace_shows_every_action_by_name() -> None:
+    sch = schedule("zb-h1", 2, 4)
+    pipe = LocalPipeline(make_stages(sch.num_stages), sch, loss_fn)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        pipe.step(*batch(8))
+    names = [e.name for e in prof.events()]
+    actions = [str(a) for prog in sch.program.values() for a in prog]
+    assert sorted(n for n in names if n in set(actions)) == sorted(actions)  # each once

@@ -3,9 +3,13 @@
 The plan (``derive_plan``) says which tensors go where and when; this module moves them.
 On the wire every message has a fixed tag computed from (what, stage, microbatch), so a
 receive matches its send whatever order the two ranks reach them in (gloo matches on
-(peer, tag); NCCL ignores tags, so there the plan's per-pair order is what matches). The
-shapes and dtypes of an edge are sent once per step, with the first message on it, and every
-later message is checked against them by the sender.
+(peer, tag) in order; NCCL ignores tags, so there the plan's per-pair order is what matches).
+
+The names, shapes and dtypes of an edge are agreed once: the first message on it (in the
+first step) is preceded by a small shape message, and both ends cache what it said. Later
+steps send tensors only, so a hop costs what a bare ``send``/``recv`` costs. The sender checks
+every message against the agreed shapes and names a change instead of letting the receiver
+read a wrongly sized buffer; a new batch shape needs ``forget_shapes()`` on every rank.
 """
 
 from __future__ import annotations
@@ -117,10 +121,14 @@ class P2P:
         self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
 
     def new_step(self) -> None:
-        """Shapes may change between steps (another batch size): agree them afresh."""
+        """A step starts: the agreed shapes stay; receives posted ahead are step-local."""
+        self._early.clear()  # only left over after a failed step
+
+    def forget_shapes(self) -> None:
+        """The next step agrees names, shapes and dtypes afresh (another batch size).
+        Every rank of the pipeline must call it before the same step."""
         self._sent_meta.clear()
         self._recv_meta.clear()
-        self._early.clear()  # only left over after a failed step
         self._early_meta.clear()
 
     # ------------------------------------------------------------------ tags and peers
@@ -146,9 +154,11 @@ class P2P:
             self._post(CommOp.SEND, comm, [_pack(meta, self.device)], [self._meta_tag(comm)])
         elif meta != agreed:
             raise ValueError(
-                f"{self.where}: {comm} has tensors {{{meta.describe()}}} but this step's first "
-                f"message on that edge had {{{agreed.describe()}}}; every microbatch of a stage "
-                "must produce the same names, shapes and dtypes"
+                f"{self.where}: {comm} has tensors {{{meta.describe()}}} but the first "
+                f"message on that edge had {{{agreed.describe()}}}. Shapes are agreed once, on "
+                "the first step: every microbatch of a stage must produce the same names, "
+                "shapes and dtypes; for a new batch shape call runner.forget_shapes() on every "
+                "rank before the step"
             )
         data = [tensors[k].detach().contiguous() for k in meta.names]
         self._post(CommOp.SEND, comm, data, [self._tag(comm, i) for i in range(len(data))])

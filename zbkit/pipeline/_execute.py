@@ -73,6 +73,7 @@ class StepState:
         inputs: list[Any] | None,
         targets: list[Any] | None,
         clock: Callable[[], float],
+        cuda: bool = False,
     ) -> None:
         self.stages = stages
         self.stage_to_rank = stage_to_rank
@@ -87,22 +88,34 @@ class StepState:
         self.losses: dict[int, torch.Tensor] = {}
         self.trace = Trace()
         self.last = len(stage_to_rank) - 1
+        self.cuda = CudaTimer(clock) if cuda else None  # GPU times of the actions
 
     # ------------------------------------------------------------------ one action
     def run(self, action: Action) -> None:
-        """Runs one compute action and records its event and the memory held after it."""
+        """Runs one compute action and records its event and the memory held after it.
+
+        The action runs inside ``torch.profiler.record_function("0F3")``, so a torch profiler
+        (Kineto) trace of a zbkit run shows the schedule; on CUDA its time comes from CUDA
+        events (the host clock around asynchronous kernels would measure their launch).
+        """
         kind, s, j = action.info, action.stage, action.microbatch
         n = len(self.stage_to_rank)
         stage = self.stages[s]
         start = self.clock()
-        # what it needs from other stages (received, or handed over on this rank)
-        received = {p: self._take((p, s, j), action) for p, src in kind.needs_of(s, n) if src != s}
-        made = getattr(self, f"run_{kind.run}")(stage, action, received)
-        consumer = kind.consumer(s, n)
-        if consumer is not None:
-            self._give((kind.makes, consumer, j), made)
+        gpu = self.cuda.start() if self.cuda is not None else None
+        with torch.profiler.record_function(str(action)):
+            # what it needs from other stages (received, or handed over on this rank)
+            received = {
+                p: self._take((p, s, j), action) for p, src in kind.needs_of(s, n) if src != s
+            }
+            made = getattr(self, f"run_{kind.run}")(stage, action, received)
+            consumer = kind.consumer(s, n)
+            if consumer is not None:
+                self._give((kind.makes, consumer, j), made)
         end = self.clock()
         rank = self.stage_to_rank[s]
+        if gpu is not None:
+            self.cuda.stop(gpu, len(self.trace.events))
         self.trace.events.append(Event(rank, s, action.kind, j, start, end))
         self.trace.memory_samples.append(
             MemorySample(
@@ -167,6 +180,8 @@ class StepState:
 
     def finish(self) -> list[torch.Tensor] | None:
         """End of step: every stage clean, nothing left in the mailboxes; the losses."""
+        if self.cuda is not None:  # the events' GPU times replace the host's launch times
+            self.trace.events = self.cuda.times(self.trace.events)
         for stage in self.stages.values():
             stage.assert_clean()
         left = sorted(self.inbox) + sorted(self.outbox)
@@ -181,3 +196,38 @@ def timer() -> Callable[[], float]:
     """A clock that reads 0 now (``perf_counter`` based)."""
     t0 = time.perf_counter()
     return lambda: time.perf_counter() - t0
+
+
+class CudaTimer:
+    """Times actions on the GPU with CUDA events, on the host clock's scale.
+
+    A reference event is recorded (and waited for) when the step starts, together with the
+    host clock; each action records a start and an end event on the current stream; at the
+    end of the step one synchronize turns every event into host-clock seconds.
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.ref = torch.cuda.Event(enable_timing=True)
+        self.ref.record()
+        self.ref.synchronize()
+        self.t_ref = clock()
+        self.marks: list[tuple[int, Any, Any]] = []  # (event index, start, end)
+
+    def start(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def stop(self, start: Any, index: int) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.marks.append((index, start, end))
+
+    def times(self, events: list[Event]) -> list[Event]:
+        torch.cuda.synchronize()
+        out = list(events)
+        for index, start, end in self.marks:
+            t0 = self.t_ref + self.ref.elapsed_time(start) / 1e3  # ms -> s
+            t1 = self.t_ref + self.ref.elapsed_time(end) / 1e3
+            out[index] = out[index]._replace(start=t0, end=t1)
+        return out

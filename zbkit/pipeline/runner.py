@@ -43,6 +43,9 @@ class ScheduleRunner:
         group: the pipeline's process group (default: the world).
         dp_group: replicas of this rank's stages to average gradients with (PP x DP).
         timeout: seconds any single wait may block before raising, naming the action.
+        barrier: start every step with a barrier of the pipeline group (off by default: a
+            barrier costs a round trip per step and nothing needs it; turn it on to measure
+            steps from a common start, or to find a rank that never reaches the step).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class ScheduleRunner:
         *,
         dp_group: dist.ProcessGroup | None = None,
         timeout: float = 60.0,
+        barrier: bool = False,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -79,6 +83,7 @@ class ScheduleRunner:
             )
         self.schedule, self.loss_fn, self.scale_grads = schedule, loss_fn, scale_grads
         self.group, self.dp_group, self.timeout, self.rank = group, dp_group, timeout, rank
+        self.barrier = barrier
         self.stages = {st.stage_index: st for st in stages}
         self.plan = derive_plan(schedule, rank)
         self.backend = dist.get_backend(group)
@@ -123,7 +128,8 @@ class ScheduleRunner:
             )
         inputs = split_microbatches(inputs, m, "inputs") if 0 in self.stages else None
         targets = split_microbatches(targets, m, "targets") if last in self.stages else None
-        self._barrier()  # every rank starts the step together
+        if self.barrier:  # every rank starts the step together (asked for: it costs a trip)
+            self._barrier()
         # Wall-clock seconds: one clock for every process on a host (and NTP-close across
         # hosts), so the ranks' traces line up; Trace.merge shifts the whole run to start at 0.
         clock = time.time
@@ -136,6 +142,7 @@ class ScheduleRunner:
             inputs,
             targets,
             clock,
+            cuda=self.backend == "nccl",  # GPU actions timed with CUDA events
         )
         self.p2p.new_step()
         self.p2p.expect(self.plan.comms)
@@ -172,6 +179,14 @@ class ScheduleRunner:
             raise
         self.trace = state.trace
         return losses
+
+    def forget_shapes(self) -> None:
+        """The next step agrees tensor shapes afresh, e.g. for another batch size.
+
+        Shapes are agreed on the first step and cached; every rank of the pipeline must call
+        this before the step whose shapes differ (the sender names a change otherwise).
+        """
+        self.p2p.forget_shapes()
 
     def gather_trace(self) -> Trace:
         """Every pipeline rank's trace of the last step, merged (collective: call on all)."""
