@@ -100,6 +100,28 @@ def test_group_norm_and_frozen_layer_norm_weight():
     compare_split_to_autograd(m, fwd, [[x_(3, 4)], [x_(3, 4)]], "I1 I0 W0 W1", random_grads)
 
 
+def test_batch_norm_backward_runs_once_and_stays_exact():
+    require_fast_paths()
+    torch.manual_seed(6)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(D)
+    compare_split_to_autograd(
+        m,
+        lambda m, xs: [m(xs[0])],
+        [[x_(2, 3, 5, 5)], [x_(2, 3, 5, 5)]],
+        "I0 I1 W1 W0",
+        output_grads=random_grads,
+    )
+    x = x_(2, 3, 5, 5)
+    out = m(x)
+    with CountOps("native_batch_norm_backward") as in_pass:
+        res = stage_backward_input([out], [torch.randn_like(out)], [x], list(m.parameters()))
+    with CountOps("native_batch_norm_backward") as weight_pass:
+        stage_backward_weight(list(m.parameters()), res.pending_weight)
+    # one fused call in I, as plain backward makes it; W only delivers BN's gradients
+    assert in_pass.count == {"native_batch_norm_backward": 1}
+    assert weight_pass.count == {"native_batch_norm_backward": 0}
+
+
 def _ln_grads(ln: nn.LayerNorm, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
     """Oracle: plain autograd's gradients of sin(layer_norm(x)) for the weight and bias."""
     w = ln.weight.detach().requires_grad_()

@@ -2,7 +2,7 @@
 
 The reference path (_weight.py) is the whole idea; these only make it cheaper:
 
-- LayerNorm halves in I (`eager_edges`): a normalisation node whose parameters
+- Norm halves in I (`eager_edges`): a normalisation node whose parameters
   only it uses gets its weight gradients in I, from the same fused kernel call as
   its input gradient; W then only delivers them into `.grad`.
 - batched W (`run_batched`): the reference path makes one engine call per group,
@@ -119,9 +119,18 @@ def _probe() -> str | None:
 # half), but computed alone in W they first recompute the normalised input, and
 # W needs the node's incoming gradient (N*d floats) kept alive from I. So I asks
 # for them too: one fused kernel call, exactly as plain backward makes it, and
-# only two d-sized gradients wait for W. Matmul-like nodes stay split: their
+# only two d-sized gradients wait for W. A training-mode BatchNorm's input
+# gradient needs exactly the two reductions that are its weight gradients, so
+# splitting it would compute them twice. Matmul-like nodes stay split: their
 # weight half is the expensive part that W exists to defer.
-EAGER_NODES = frozenset({"NativeLayerNormBackward0", "NativeGroupNormBackward0"})
+EAGER_NODES = frozenset(
+    {
+        "NativeLayerNormBackward0",
+        "NativeGroupNormBackward0",
+        "NativeBatchNormBackward0",
+        "CudnnBatchNormBackward0",
+    }
+)
 
 
 def eager_edges(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list[GradientEdge]:
