@@ -72,7 +72,7 @@ def test_retain_graph_allows_plain_backward_afterwards():
     x = x_(3, 4)
     out = mlp(x)
     g = torch.randn_like(out)
-    res = stage_backward_input([out], [g], [x], params)
+    res = stage_backward_input([out], [g], [x], params, retain_graph=True)
     stage_backward_weight(params, res.param_groups, retain_graph=True)
     first = [p.grad.clone() for p in params]
     out.backward(g)  # the graph is still there: every gradient doubles

@@ -26,7 +26,7 @@ from torch.autograd.graph import Node, get_gradient_edge
 from zbkit.splitgrad import _fast
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node
-from zbkit.splitgrad._groups import group_params
+from zbkit.splitgrad._groups import group_params, input_closure
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
 _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
@@ -129,12 +129,15 @@ def stage_backward_input(
     output_grads: Sequence[torch.Tensor | None] | None,
     inputs: Sequence[torch.Tensor],
     weights: Iterable[torch.Tensor],
+    retain_graph: bool = False,
 ) -> BackwardInputResult:
     """I: the inputs' gradients now; everything W needs is kept in `result.pending_weight`.
 
     No parameter's `.grad` changes. Call `stage_backward_weight` with the same
     weights and `result.pending_weight` (or `result.param_groups`, the same object)
-    later, after any number of other I passes.
+    later, after any number of other I passes. Where the fast paths may be used,
+    the tensors only I needs are freed when it returns (as a plain backward frees
+    what it ran); `retain_graph=True` keeps the whole graph for another backward.
     """
     inputs = check_tensors("inputs", inputs)
     weights = check_tensors("weights", list(weights))
@@ -159,8 +162,13 @@ def stage_backward_input(
             node = w.grad_fn
         if node is not None:  # None: frozen, or the outputs do not depend on it
             weight_of.setdefault(node, w)
+    closure = input_closure(input_nodes, reverse)
     groups = group_params(
-        input_nodes, list(weight_of), reverse, output_nodes=[e.node for e in out_edges]
+        input_nodes,
+        list(weight_of),
+        reverse,
+        output_nodes=[e.node for e in out_edges],
+        closure=closure,
     )
 
     edges_at: dict[Node, list[int]] = {}
@@ -196,6 +204,8 @@ def stage_backward_input(
             ready_grads = iter(found[len(wanted) :])
             for work in works:
                 work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
+            if eager and not retain_graph:  # what W never runs may go now
+                _fast.release_saved(_fast.input_only_nodes(closure, works))
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle

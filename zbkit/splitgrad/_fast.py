@@ -1,4 +1,4 @@
-"""Two fast paths for the split backward, and the one check that guards them.
+"""The fast paths of the split backward, and the one check that guards them.
 
 The reference path (_weight.py) is the whole idea; these only make it cheaper:
 
@@ -14,11 +14,16 @@ The reference path (_weight.py) is the whole idea; these only make it cheaper:
   on the replayed node itself do not run again in W (they ran in I). Were a
   node called this way to compute its input half too, W would stay exact, only
   slower: tests/splitgrad counts the matmuls to notice.
+- freeing saved tensors (`release_saved`): what only I needs (a GELU's input,
+  a LayerNorm's statistics) is dropped when I ends, and each node W calls
+  itself drops its saved tensors once called, as the engine does for the nodes
+  it runs without retain_graph. A freed tensor's unpack raises, naming the fix.
 
-Both lean on torch internals: `torch.autograd.graph._engine_run_backward`, a
-node's `_input_metadata`, a built-in node called from Python inside a backward,
-and a leaf's `_backward_hooks`. `fast_paths_available()` probes them once on a
-tiny graph against plain autograd; where they are missing or behave differently
+All lean on torch internals: `torch.autograd.graph._engine_run_backward`, a
+node's `_input_metadata` and `_raw_saved_*` tensors (their `register_hooks`),
+a built-in node called from Python inside a backward, and a leaf's
+`_backward_hooks`. `fast_paths_available()` probes them once on a tiny graph
+against plain autograd; where they are missing or behave differently
 (another torch version) zbkit falls back to the reference path: exact, slower.
 `reference_weight_pass()` or ZBKIT_SPLITGRAD_REFERENCE=1 force that fallback.
 Measured gains: benchmarks/splitgrad_overhead.py.
@@ -29,7 +34,8 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -109,7 +115,70 @@ def _probe() -> str | None:
         p.grad is not None and torch.allclose(p.grad, e) for p, e in zip((w, b), want, strict=True)
     ):
         return "the batched weight pass gives gradients that differ from plain autograd's"
+    h = x * 2
+    node, alive = torch.sin(h).grad_fn, weakref.ref(h)  # sin's node saves its input h
+    del h
+    release_saved([node])
+    if alive() is not None or node._raw_saved_self.unpack_hook is not _freed:
+        return "releasing a node's saved tensors does not free them"
     return None
+
+
+# ---------------------------------------------------------------- freeing saved tensors
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}  # node class -> its saved-tensor attributes
+
+
+def _drop(_tensor: torch.Tensor) -> None:
+    return None  # pack hook: keep nothing, so the tensor dies with its last other reference
+
+
+def _freed(_packed: None) -> torch.Tensor:
+    raise RuntimeError(
+        "zbkit.splitgrad freed this saved tensor: only the input pass (I) or this node's "
+        "weight half in W needed it. To backward through this graph again, pass "
+        "retain_graph=True to stage_backward_input and to stage_backward_weight"
+    )
+
+
+def input_only_nodes(closure: dict[Node, None], works: list[PendingGroup]) -> list[Node]:
+    """The built-in nodes of the input closure that W never runs: what I may free when it ends.
+
+    W starts at the intermediates of the groups it replays; a group with several
+    also replays the closure's path below them, so all of that stays.
+    """
+    keep: set[Node] = set()
+    below: set[Node] = set()  # what lies under a group with several intermediates
+    stack: list[Node] = []
+    for work in works:
+        if not work.ready:
+            keep.update(work.group.intermediates)
+            if len(work.group.intermediates) > 1:
+                stack += work.group.intermediates
+    while stack:
+        for producer, _ in stack.pop().next_functions:
+            if producer in closure and producer not in below:
+                below.add(producer)
+                stack.append(producer)
+    keep |= below
+    return [n for n in closure if n not in keep and not isinstance(n, BackwardCFunction)]
+
+
+def release_saved(nodes: Iterable[Node]) -> None:
+    """Drop the tensors these built-in nodes saved for backward (what retain_graph=False does).
+
+    Saved tensors that already carry hooks (a `saved_tensors_hooks` forward) are left alone.
+    """
+    for node in nodes:
+        names = _SAVED_NAMES.get(type(node))
+        if names is None:  # dir() is slow: once per node class
+            names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+            _SAVED_NAMES[type(node)] = names
+        for name in names:
+            saved = getattr(node, name)
+            for one in saved if isinstance(saved, list | tuple) else (saved,):
+                if one.unpack_hook is None and one.data is not None:
+                    one.register_hooks(_drop, _freed)
 
 
 # ---------------------------------------------------------------- LayerNorm halves in I
@@ -175,7 +244,7 @@ def run_batched(works: list[PendingGroup], retain_graph: bool) -> None:
 
     Groups whose weight half I computed only join the delivery. Empties `works`.
     """
-    edges, grads = _replay([wk for wk in works if not wk.ready])
+    edges, grads = _replay([wk for wk in works if not wk.ready], retain_graph)
     params = [t for wk in works for t in wk.tensors]
     for start, start_grads in (wk.start_edges() for wk in works if wk.ready):
         edges += start
@@ -197,7 +266,9 @@ def run_batched(works: list[PendingGroup], retain_graph: bool) -> None:
         )
 
 
-def _replay(works: list[PendingGroup]) -> tuple[list[GradientEdge], list[torch.Tensor]]:
+def _replay(
+    works: list[PendingGroup], retain_graph: bool
+) -> tuple[list[GradientEdge], list[torch.Tensor]]:
     """Call each group's intermediate for its weight half: the exit edges and their gradients."""
     if not works:
         return [], []
@@ -221,6 +292,8 @@ def _replay(works: list[PendingGroup]) -> tuple[list[GradientEdge], list[torch.T
             captured, wk.captured = wk.captured[0], []  # free each captured gradient once used
             out = list(node(*captured))
             del captured
+            if not retain_graph:  # this group is done with its node: free what it saved
+                release_saved([node])
             for k, (n, nr), shape in zip(wk.group.exits[0], exit_edges[i], shapes[i], strict=True):
                 if out[k] is None:
                     continue

@@ -84,12 +84,18 @@ def _has_mixed_custom_function(nodes: Sequence[Node], closure: dict) -> bool:
     return False
 
 
+def input_closure(input_nodes: Sequence[Node], reverse_graph: dict) -> dict[Node, None]:
+    """C: every node that depends on the stage inputs (what I executes), in a fixed order."""
+    return ordered_closure(input_nodes, (), reverse_graph)[0]
+
+
 def group_params(
     input_nodes: Sequence[Node],
     param_nodes: Sequence[Node],
     reverse_graph: dict[Node, list[Node]],
     *,
     output_nodes: Sequence[Node] | None = None,
+    closure: dict[Node, None] | None = None,
 ) -> list[ParamGroup]:
     """Split parameters into disjoint groups that W can process independently.
 
@@ -100,9 +106,11 @@ def group_params(
     Groups come ordered by their first parameter's position in `param_nodes`;
     parameters the outputs do not depend on are in no group.
 
-    `output_nodes` defaults to the nodes nobody consumes (the graph's sinks).
+    `output_nodes` defaults to the nodes nobody consumes (the graph's sinks);
+    `closure`, the input closure if the caller already has it (`input_closure`).
     """
-    closure, _ = ordered_closure(input_nodes, (), reverse_graph)
+    if closure is None:
+        closure = input_closure(input_nodes, reverse_graph)
     if output_nodes is None:
         output_nodes = [n for n, users in reverse_graph.items() if not users]
     outside_roots = {n: None for n in output_nodes if n is not None and n not in closure}
