@@ -1,9 +1,11 @@
-"""`zbkit demo`: real pipelines agree with one process, the table and the HTML report are there.
+"""`zbkit demo`: real pipelines agree with one process, the timed comparison reads like the
+simulation of the same costs, the tables and the HTML report are there.
 
-The multi-process test runs the demo's own `main` (2 ranks, 2 schedules, 4 microbatches) and
-reads what it printed; the oracle for the gradients is plain single-process training, which
-the demo computes and prints the difference from. The fast tests check the pieces the table is
-made of against closed forms and the simulator.
+The multi-process test runs the demo's own `main` (2 ranks, 2 schedules, 4 microbatches,
+synthetic timing) and reads what it printed; the oracle for the gradients is plain
+single-process training, which the demo computes and prints the difference from. The fast tests
+check the pieces the tables are made of against the simulator: runs whose events are their
+simulation's read back the simulated speed-ups. No test asserts a measured time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import pytest
 import torch
 
 from zbkit import _report, demo
-from zbkit.models import TinyTransformer, split_stages
+from zbkit.models import TinyTransformer, split_stages, stage_spans
+from zbkit.pipeline import Trace
 from zbkit.schedules import Costs, bubble_rate, build_schedule, simulate
 from zbkit.schedules.measure import hop_latency, measured_costs
 
@@ -31,29 +34,41 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out_dir = tmp_path / "report"
-    argv = ["--ranks", "2", "--schedules", "1f1b,zb-v", "--microbatches", "4", "--rounds", "2"]
+    argv = ["--ranks", "2", "--schedules", "1f1b,zb-v", "--microbatches", "4", "--rounds", "1",
+            "--timing", "synthetic", "--stage-ms", "20"]  # fmt: skip
     code = demo.main(_args(*argv, "--out", str(out_dir)))
     out = capsys.readouterr().out
     assert code == 0, out
+    assert "Timing on synthetic stages" in out and "sleep (no CPU work)" in out
 
-    # the table: a header and one row per schedule, gradients equal to one process
+    # the timed table: speed-ups over 1f1b, measured and simulated, and their ratio
     lines = out.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.startswith("schedule "))
-    rows = {line.split()[0]: line.split() for line in lines[head + 1 : head + 3]}
-    assert set(rows) == {"1f1b", "zb-v"}, lines[head : head + 4]
-    for name, cells in rows.items():
-        assert float(cells[-1]) < 1e-6, f"{name}: gradient differs from one process: {cells}"
-        bubble_sim, bubble_run = (float(c.rstrip("%")) for c in cells[4:6])
-        assert 0 <= bubble_sim < 100 and 0 <= bubble_run < 100, cells
-    # peak activations per rank, run | sim: 1f1b holds pp - rank microbatches (closed form)
-    assert " ".join(rows["1f1b"][6:9]) == "2 1 |" and rows["1f1b"][9:11] == ["2", "1"]
-    assert "gradients vs one process" in out and "OK" in out.split("Part 2")[1]
+    head = lines.index(next(line for line in lines if line.startswith("schedule  step ms")))
+    timed = {line.split()[0]: line.split() for line in lines[head + 1 : head + 3]}
+    assert timed["1f1b"][3:6] == ["1.00x", "1.00x", "1.00"], timed
+    run, sim, ratio = (float(c.rstrip("x")) for c in timed["zb-v"][3:6])
+    assert ratio == pytest.approx(run / sim, abs=0.011), timed  # rounded to 2 places
+    step, sim_ms = float(timed["zb-v"][1]), float(timed["zb-v"][2])
+    assert sim == pytest.approx(float(timed["1f1b"][2]) / sim_ms, abs=0.006)
+    assert run == pytest.approx(float(timed["1f1b"][1]) / step, abs=0.006)
 
-    # the report: one file, the plots inlined (one PNG per schedule) and the graph as SVG
+    # the real transformer: gradients equal to one process, memory in counts and bytes
+    real_head = lines.index(next(line for line in lines[head + 1 :] if line.startswith("schedule")))
+    real = {line.split()[0]: line for line in lines[real_head + 1 : real_head + 3]}
+    assert set(real) == {"1f1b", "zb-v"}, lines[real_head : real_head + 3]
+    for name, line in real.items():
+        assert float(line.split()[-1]) < 1e-6, f"{name}: gradient differs from one process"
+        assert line.split()[-2] in ("KiB", "MiB"), line
+    # peak held per rank, run | sim: 1f1b holds pp - rank microbatches (closed form)
+    assert "2 1 | 2 1" in real["1f1b"] and " microbatches " in real["1f1b"]
+    assert "microbatch-chunks (1/2 stage each)" in real["zb-v"]
+    assert "Real timings differ" in out and "OK" in out.split("Part 2")[1]
+
+    # the report: one file, the plots inlined (synthetic and real per schedule), graph as SVG
     html = (out_dir / "index.html").read_text()
     assert f"report: {out_dir / 'index.html'}" in out
-    assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', html)) == 2
-    assert "<svg" in html and "group 0" in html
+    assert len(re.findall(r'src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', html)) == 4
+    assert "<svg" in html and "group 0" in html and "one box per layer" in html
     assert "id=1f1b" in html and "id=zb-v" in html
     assert 'src="http' not in html  # self-contained: nothing fetched
     chrome = json.loads((out_dir / "trace-zb-v.json").read_text())["traceEvents"]
@@ -68,6 +83,8 @@ def test_bad_options_are_named_before_any_process_starts(capsys):
     assert "nope" in capsys.readouterr().err
     assert demo.main(_args("--layers", "4", "--dim", "8", "--tokens", "2")) == 2  # zb-v: 8
     assert "--layers 4" in capsys.readouterr().err
+    assert demo.main(_args("--stage-ms", "0", "--dim", "8", "--tokens", "2")) == 2
+    assert "--stage-ms" in capsys.readouterr().err
     assert demo.main(_args("--dim", "10", "--heads", "4", "--split-only")) == 2
     captured = capsys.readouterr()
     assert "divisible" in captured.err and "Part 1" not in captured.out  # nothing ran
@@ -105,3 +122,76 @@ def test_measured_numbers_read_a_simulation_back():
     assert _report.grad_difference([{"a": torch.ones(2)}], {"a": torch.zeros(2)}) == 1.0
     assert _report.grad_difference([{"a": None}], {"a": torch.zeros(2)}) == float("inf")
     assert _report.grad_difference([{}], {"a": torch.zeros(2)}) == float("inf")
+
+
+def test_one_cost_set_gives_every_schedule_the_same_work():
+    # blocks measured once; a schedule's stage costs its blocks' sum, whatever the split
+    blocks = [Costs(F=1.0 + b, I=2.0, W=0.5 * b) for b in range(8)]
+    four = _report.stage_costs(blocks, stage_spans(8, 4))
+    eight = _report.stage_costs(blocks, stage_spans(8, 8), scale=2.0)
+    assert four[0] == Costs(F=3.0, I=4.0, W=0.5) and eight[1] == Costs(F=4.0, I=4.0, W=1.0)
+    for part in ("F", "I", "W"):
+        total = sum(getattr(c, part) for c in blocks)
+        assert sum(getattr(c, part) for c in four) == pytest.approx(total)
+        assert sum(getattr(c, part) for c in eight) == pytest.approx(2 * total)
+
+
+def _fake_runs(schedules, costs, steps):
+    """Every rank's {"times", "traces"} as if the run had gone exactly as simulated."""
+    runs = {}
+    for name, sch in schedules.items():
+        sim = simulate(sch, costs[name])
+        trace = Trace(events=list(sim.events))
+        rank0 = {"times": [steps.get(name, sim.makespan)], "traces": [trace], "grads": {}}
+        runs[name] = [rank0] + [{"times": [0.0], "grads": {}}] * (sch.pp - 1)
+    return runs
+
+
+def test_speedups_of_runs_that_match_the_simulation_are_the_simulated_ones():
+    # the oracle: runs whose events are their simulation's read back the simulated speed-up
+    names = ("1f1b", "zb-h1", "zb-v")
+    schedules = {n: build_schedule(n, pp=4, microbatches=8) for n in names}
+    blocks = [Costs(F=1.0, I=1.0, W=0.8)] * 8
+    with_hop = {
+        n: [
+            Costs(c.F, c.I, c.W, comm=0.1)
+            for c in _report.stage_costs(blocks, stage_spans(8, s.num_stages))
+        ]
+        for n, s in schedules.items()
+    }
+    runs = _fake_runs(schedules, with_hop, {})
+    costs = {
+        n: _report.stage_costs(blocks, stage_spans(8, s.num_stages)) for n, s in schedules.items()
+    }
+    got, hop = _report.compare(schedules, runs, costs)
+    assert hop == pytest.approx(0.1)  # the hop latency read back, one for all schedules
+    rows = {r[0]: r for r in _report.speedup_rows(got, "1f1b")}
+    base = simulate(schedules["1f1b"], with_hop["1f1b"]).makespan
+    for name in names:
+        want = base / simulate(schedules[name], with_hop[name]).makespan
+        assert rows[name][3] == rows[name][4] == f"{want:.2f}x" and rows[name][5] == "1.00"
+    assert float(rows["zb-h1"][4].rstrip("x")) > 1.0  # zero bubble wins on these costs
+
+    # a run twice as slow as its simulation reads as half the simulated speed-up
+    slow = _fake_runs(schedules, with_hop, {"zb-h1": 2 * got[1].sim.makespan})
+    rows = {
+        r[0]: r for r in _report.speedup_rows(_report.compare(schedules, slow, costs)[0], "1f1b")
+    }
+    assert rows["zb-h1"][5] == "0.50"
+
+
+def test_memory_is_labelled_in_chunks_and_bytes():
+    sch = build_schedule("zb-v", pp=2, microbatches=4)
+    run = _report.Run("zb-v", sch, 1.0, Trace(), simulate(sch))
+    assert run.unit == "microbatch-chunks (1/2 stage each)"
+    one = build_schedule("1f1b", pp=2, microbatches=4)
+    assert _report.Run("1f1b", one, 1.0, Trace(), simulate(one)).unit == "microbatches"
+    assert _report.format_bytes([3 * 2**20, 2**19]) == "3.00 0.50 MiB"
+    assert _report.format_bytes([2048, 512]) == "2.0 0.5 KiB"
+
+
+def test_auto_timing_is_synthetic_when_ranks_outnumber_cores(monkeypatch):
+    monkeypatch.setattr(demo, "cores", lambda: 2)
+    assert demo.use_synthetic("auto", 4, "gloo") and not demo.use_synthetic("auto", 2, "gloo")
+    assert not demo.use_synthetic("auto", 4, "nccl")  # a GPU each: real timing
+    assert demo.use_synthetic("synthetic", 2, "gloo") and not demo.use_synthetic("real", 4, "gloo")

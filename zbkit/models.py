@@ -165,10 +165,9 @@ class TransformerStage(nn.Module):
         return {"x": x}
 
 
-def split_stages(model: TinyTransformer, num_stages: int) -> list[TransformerStage]:
-    """Cut `model` into `num_stages` consecutive stages, blocks spread as evenly as possible
-    (earlier stages take the extra blocks). Composing the stages is `model` itself."""
-    layers = len(model.blocks)
+def stage_spans(layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """Blocks `(first, last)` of each of `num_stages` consecutive stages of `layers` blocks,
+    spread as evenly as possible (earlier stages take the extra blocks)."""
     if not 1 <= num_stages <= layers:
         raise ValueError(
             f"cannot split {layers} blocks into {num_stages} stages: every stage needs at least "
@@ -176,7 +175,14 @@ def split_stages(model: TinyTransformer, num_stages: int) -> list[TransformerSta
         )
     bounds = [s * layers // num_stages for s in range(num_stages + 1)]
     bounds = [layers - b for b in reversed(bounds)]  # extra blocks go to the early stages
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def split_stages(model: TinyTransformer, num_stages: int) -> list[TransformerStage]:
+    """Cut `model` into `num_stages` consecutive stages (`stage_spans`). Composing the stages
+    is `model` itself."""
+    spans = stage_spans(len(model.blocks), num_stages)
     return [
-        TransformerStage(model, bounds[s], bounds[s + 1], is_last=s == num_stages - 1)
-        for s in range(num_stages)
+        TransformerStage(model, first, last, is_last=s == num_stages - 1)
+        for s, (first, last) in enumerate(spans)
     ]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from zbkit.pipeline import LocalPipeline, PipelineStage, SyntheticStage
-from zbkit.schedules import build_schedule
+from zbkit.schedules import Costs, build_schedule
 
 
 def _loss(out: dict, y: torch.Tensor) -> torch.Tensor:
@@ -53,3 +53,16 @@ def test_synthetic_stage_rejects_bad_settings() -> None:
         SyntheticStage(mode="busy")
     with pytest.raises(ValueError, match="times must be >= 0"):
         SyntheticStage(F=-1.0)
+
+
+def test_synthetic_stage_from_costs_takes_hidden_state_shaped_inputs() -> None:
+    # the demo's timed runs: costs measured from a real stage, activations shaped (b, t, dim)
+    mods = [SyntheticStage.from_costs(Costs(F=0.001, I=0.002, W=0.0), width=6) for _ in range(2)]
+    assert (mods[0].times.F, mods[0].times.I, mods[0].times.W) == (0.001, 0.002, 0.0)
+    x, y = torch.randn(4, 3, 6), torch.randn(4, 3, 6)  # (b, t, dim)
+    expected = _plain_grads(mods, x, y)
+    sch = build_schedule("zb-v", pp=1, microbatches=2)  # both chunks on one rank
+    stages = [PipelineStage(m, s, 2, split_first_stage=True) for s, m in enumerate(mods)]
+    LocalPipeline(stages, sch, _loss).step(x, y)
+    for mod, exp in zip(mods, expected, strict=True):
+        assert torch.allclose(mod.weight.grad, exp, atol=1e-6)

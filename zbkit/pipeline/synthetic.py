@@ -8,7 +8,9 @@ The stage computes ``y = x * weight`` through a custom autograd Function. Its ba
 ``needs_direction`` which half the current pass wants: the input pass (I) pays only the I
 time and returns only the input gradient, the weight pass (W) pays only the W time and
 returns only the weight gradient, a full backward (B) pays both. The arithmetic is real, so
-the gradients can still be checked against plain autograd.
+the gradients can still be checked against plain autograd. The input may have any shape
+whose last dimension is ``width`` (e.g. a real stage's ``(batch, tokens, dim)`` activations, so
+the messages between ranks are as large as the real model's).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from zbkit.schedules import Costs
 from zbkit.splitgrad import GradDirection, needs_direction
 
 
@@ -95,6 +98,12 @@ class SyntheticStage(nn.Module):
             raise ValueError(f"times must be >= 0 seconds, got F={F}, I={I}, W={W}")
         self.times = _Times(F, I, W, mode, [])
         self.weight = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    @classmethod
+    def from_costs(cls, costs: Costs, width: int = 8, mode: str = "sleep") -> SyntheticStage:
+        """A stage taking ``costs.F``, ``costs.I`` and ``costs.W`` seconds (e.g. costs measured
+        from a real stage with ``zbkit.schedules.measure.measured_costs``, then scaled)."""
+        return cls(costs.F, costs.I, costs.W, width=width, mode=mode)
 
     @property
     def paid(self) -> list[str]:
