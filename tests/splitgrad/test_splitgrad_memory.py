@@ -1,0 +1,131 @@
+"""What the split backward frees, and when (see _fast.release_saved).
+
+I frees the tensors only it needs (a GELU's input) when it returns; W frees each
+group's saved activation once that group's weight half ran. Watched with
+weakrefs: a tensor whose last owner is a node's saved slot dies when the slot is
+freed. The caller keeps the outputs alive throughout, so nothing dies because
+the graph does: only because the split freed it.
+"""
+
+import gc
+import weakref
+
+import torch
+from _splitgrad_oracle import compare_split_to_autograd, random_grads
+from test_splitgrad_defects import D, x_
+from test_splitgrad_eager import CountOps, require_fast_paths
+from torch import nn
+from torch.nn import functional as F
+
+from zbkit.models import ResidualMLPBlock
+from zbkit.splitgrad import stage_backward_input, stage_backward_weight
+
+
+class Watched:
+    """Three Linear layers with GELUs between, keeping weakrefs to the activations.
+
+    `only_i[k]` is GELU k's input (only I needs it); `for_w[k]` is Linear k+1's
+    input (its weight half in W needs it). 2-d inputs: addmm saves them as they are.
+    """
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.layers = [nn.Linear(4, 4).to(D) for _ in range(3)]
+        self.params = [p for layer in self.layers for p in layer.parameters()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.only_i, self.for_w = [], []
+        for layer in self.layers[:-1]:
+            u = layer(x)  # (5, 4)
+            x = F.gelu(u)  # gelu's node saves u
+            self.only_i.append(weakref.ref(u))
+            self.for_w.append(weakref.ref(x))
+            del u
+        return self.layers[-1](x)
+
+
+def _alive(refs) -> list[bool]:
+    return [r() is not None for r in refs]
+
+
+def test_tensors_only_i_needs_are_gone_when_i_returns():
+    require_fast_paths()
+    model = Watched()
+    x = x_(5, 4)
+    out = model.forward(x)
+    gc.disable()  # nothing may depend on the cycle collector
+    try:
+        res = stage_backward_input([out], [torch.ones_like(out)], [x], model.params)
+        assert _alive(model.only_i) == [False, False], "a GELU input outlived I"
+        assert _alive(model.for_w) == [True, True], "I freed what W needs"
+        stage_backward_weight(model.params, res.pending_weight)
+        assert _alive(model.for_w) == [False, False], "a saved activation outlived W"
+        assert out.grad_fn is not None  # the caller still holds the graph: the split freed them
+    finally:
+        gc.enable()
+
+
+def test_w_frees_each_groups_saved_tensors_when_that_group_is_done():
+    require_fast_paths()
+    model = Watched()
+    x = x_(5, 4)
+    out = model.forward(x)
+    res = stage_backward_input([out], [torch.ones_like(out)], [x], model.params)
+    seen = []
+
+    class Watch(CountOps):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "mm":  # one weight half per Linear
+                seen.append(_alive(model.for_w))
+            return func(*args, **(kwargs or {}))
+
+    with Watch("mm"):
+        stage_backward_weight(model.params, res.pending_weight)
+    # groups run in parameter order: Linear 0 (input x), 1 (for_w[0]), 2 (for_w[1]);
+    # for_w[0] is gone before Linear 2's weight half runs, for_w[1] once W ends
+    assert seen == [[True, True], [True, True], [False, True]]
+    assert _alive(model.for_w) == [False, False]
+
+
+def test_retain_graph_keeps_what_only_i_needs():
+    require_fast_paths()
+    model = Watched()
+    x = x_(5, 4)
+    out = model.forward(x)
+    g = torch.ones_like(out)
+    res = stage_backward_input([out], [g], [x], model.params, retain_graph=True)
+    assert _alive(model.only_i) == [True, True]
+    stage_backward_weight(model.params, res.pending_weight, retain_graph=True)
+    assert _alive(model.for_w) == [True, True]
+    out.backward(g)  # the whole graph is still there
+
+
+def test_freed_tensor_names_the_fix_when_asked_for_again():
+    require_fast_paths()
+    model = Watched()
+    x = x_(5, 4)
+    out = model.forward(x)
+    g = torch.ones_like(out)
+    res = stage_backward_input([out], [g], [x], model.params)
+    stage_backward_weight(model.params, res.pending_weight)
+    try:
+        out.backward(g)
+    except RuntimeError as exc:
+        assert "retain_graph=True to stage_backward_input" in str(exc)
+    else:
+        raise AssertionError("a backward through freed tensors must raise")
+
+
+def test_forward_under_saved_tensor_hooks_is_left_alone_and_exact():
+    # zbkit.pipeline counts a stage's saved bytes with saved_tensors_hooks on its
+    # first forward: those saved tensors belong to the hooks, the split must not touch them
+    torch.manual_seed(1)
+    blocks = nn.Sequential(*(ResidualMLPBlock(8) for _ in range(2))).to(D)
+
+    def fwd(m, xs):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            return [m(xs[0])]
+
+    compare_split_to_autograd(
+        blocks, fwd, [[x_(2, 3, 8)], [x_(2, 3, 8)]], "I0 I1 W1 W0", output_grads=random_grads
+    )
