@@ -188,13 +188,15 @@ class P2P:
         }
 
     def expect(self, comms: list[Comm]) -> None:
-        """Step start: post the shape message of every edge this rank will receive on, so
-        each arrives while the rank computes (gloo only, as for ``next_comm``)."""
+        """Step start: post the shape message of every edge this rank will receive on whose
+        shapes are not agreed yet, so each arrives while the rank computes (gloo only, as for
+        ``next_comm``). Once agreed, nothing is posted: no receive outlives its step."""
         if self.batched:
             return
         for comm in comms:
             key = (comm.what, comm.stage)
-            if comm.op is CommOp.RECV and key not in self._early_meta:
+            known = key in self._recv_meta or key in self._early_meta  # agreed, or coming
+            if comm.op is CommOp.RECV and not known:
                 self._early_meta[key] = self._post_meta_recv(comm)
 
     def _post_meta_recv(self, comm: Comm) -> tuple[list, torch.Tensor]:
