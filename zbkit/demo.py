@@ -401,7 +401,7 @@ def pipeline_demo(args: argparse.Namespace, cfg: Config, schedules: dict[str, Sc
     first, last = stage.span
     analysis = analyze(out, x, stage)
     blocks_text = f"block {first}" if last == first + 1 else f"blocks {first}..{last - 1}"
-    graph = viz.draw_graph(analysis, depth=3, title=f"stage 1 ({blocks_text}), one box per module")
+    graph = viz.draw_graph(analysis, depth=4, title=f"stage 1 ({blocks_text}), one box per layer")
     path = _report.write_report(
         Path(args.out),
         title="zbkit demo: pipeline schedules run for real and simulated",
