@@ -119,6 +119,7 @@ class P2P:
         self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
         self._early: dict[Comm, tuple[list, list[torch.Tensor]]] = {}  # receives posted ahead
         self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
+        self._buffers: dict[Comm, list[torch.Tensor]] = {}  # receive buffers, kept across steps
 
     def new_step(self) -> None:
         """A step starts: the agreed shapes stay; receives posted ahead are step-local."""
@@ -130,6 +131,7 @@ class P2P:
         self._sent_meta.clear()
         self._recv_meta.clear()
         self._early_meta.clear()
+        self._buffers.clear()
 
     # ------------------------------------------------------------------ tags and peers
     def _tag(self, comm: Comm, index: int) -> int:
@@ -160,7 +162,7 @@ class P2P:
                 "shapes and dtypes; for a new batch shape call runner.forget_shapes() on every "
                 "rank before the step"
             )
-        data = [tensors[k].detach().contiguous() for k in meta.names]
+        data = [tensors[k].contiguous() for k in meta.names]  # the wire reads the data only
         self._post(CommOp.SEND, comm, data, [self._tag(comm, i) for i in range(len(data))])
 
     # ------------------------------------------------------------------ recv
@@ -181,9 +183,10 @@ class P2P:
         self._wait(works, comm)
         if next_comm is not None and not self.batched:
             self._early[next_comm] = self._post_recv(next_comm, meta)
-        # The received tensors start a new graph on this stage: leaves that collect a gradient.
+        # The received tensors start a new graph on this stage: fresh leaves (that collect a
+        # gradient) over the edge's buffers, which the next step receives into again
         return {
-            k: b.requires_grad_(rg) if b.is_floating_point() else b
+            k: b.detach().requires_grad_(rg) if b.is_floating_point() else b.detach()
             for k, b, rg in zip(meta.names, bufs, meta.requires_grad, strict=True)
         }
 
@@ -204,10 +207,15 @@ class P2P:
         return self._post(CommOp.RECV, comm, [buf], [self._meta_tag(comm)]), buf
 
     def _post_recv(self, comm: Comm, meta: _Meta) -> tuple[list, list[torch.Tensor]]:
-        bufs = [
-            torch.empty(shape, dtype=dtype, device=self.device)
-            for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
-        ]
+        # One set of buffers per transfer, kept across steps (as torch's stages do): a fresh
+        # allocation per message costs more than the message on small stages. Safe because a
+        # step's received tensors are dead when the step ends (the stage freed them).
+        bufs = self._buffers.get(comm)
+        if bufs is None:
+            bufs = self._buffers[comm] = [
+                torch.empty(shape, dtype=dtype, device=self.device)
+                for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
+            ]
         tags = [self._tag(comm, i) for i in range(len(bufs))]
         return self._post(CommOp.RECV, comm, bufs, tags), bufs
 
