@@ -117,13 +117,11 @@ class P2P:
         self._sent_meta: dict[tuple[str, int], _Meta] = {}
         self._recv_meta: dict[tuple[str, int], _Meta] = {}
         self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
-        self._early: dict[Comm, tuple[list, list[torch.Tensor]]] = {}  # receives posted ahead
         self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
         self._buffers: dict[Comm, list[torch.Tensor]] = {}  # receive buffers, kept across steps
 
     def new_step(self) -> None:
-        """A step starts: the agreed shapes stay; receives posted ahead are step-local."""
-        self._early.clear()  # only left over after a failed step
+        """A step starts: the agreed shapes stay; nothing else carries over."""
 
     def forget_shapes(self) -> None:
         """The next step agrees names, shapes and dtypes afresh (another batch size).
@@ -166,12 +164,12 @@ class P2P:
         self._post(CommOp.SEND, comm, data, [self._tag(comm, i) for i in range(len(data))])
 
     # ------------------------------------------------------------------ recv
-    def recv(self, comm: Comm, next_comm: Comm | None = None) -> dict[str, torch.Tensor]:
+    def recv(self, comm: Comm) -> dict[str, torch.Tensor]:
         """Receives one message; blocks at most ``timeout`` seconds per tensor.
 
-        ``next_comm``: the next receive on the same edge. On gloo it is posted right away,
-        so its data lands while this rank computes instead of costing a round trip when
-        its turn comes. (Not on NCCL: there an early receive would hold up the stream.)
+        The receive is posted when its turn comes, not ahead: on gloo a receive posted ahead
+        of its turn was seen to stall its message by 3-5 ms (benchmarks/pipeline_vs_torch.py),
+        while a message that arrives first simply waits for its receive.
         """
         key = (comm.what, comm.stage)
         meta = self._recv_meta.get(key)
@@ -179,10 +177,8 @@ class P2P:
             works, buf = self._early_meta.pop(key, None) or self._post_meta_recv(comm)
             self._wait(works, comm)
             meta = self._recv_meta[key] = _unpack(buf)
-        works, bufs = self._early.pop(comm, None) or self._post_recv(comm, meta)
+        works, bufs = self._post_recv(comm, meta)
         self._wait(works, comm)
-        if next_comm is not None and not self.batched:
-            self._early[next_comm] = self._post_recv(next_comm, meta)
         # The received tensors start a new graph on this stage: fresh leaves (that collect a
         # gradient) over the edge's buffers, which the next step receives into again
         return {
@@ -192,8 +188,8 @@ class P2P:
 
     def expect(self, comms: list[Comm]) -> None:
         """Step start: post the shape message of every edge this rank will receive on whose
-        shapes are not agreed yet, so each arrives while the rank computes (gloo only, as for
-        ``next_comm``). Once agreed, nothing is posted: no receive outlives its step."""
+        shapes are not agreed yet, so each arrives while the rank computes (gloo only; first
+        step only). Once agreed, nothing is posted: no receive outlives its step."""
         if self.batched:
             return
         for comm in comms:
@@ -258,4 +254,4 @@ class P2P:
     @property
     def pending(self) -> int:
         """Sends not yet completed plus receives posted ahead: 0 after a good step."""
-        return len(self._pending) + len(self._early) + len(self._early_meta)
+        return len(self._pending) + len(self._early_meta)

@@ -101,7 +101,6 @@ class ScheduleRunner:
             if not isinstance(a, Comm) and "W" in a.info.parts
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
-        self._next_recv = self.plan.next_receives()  # posted ahead on gloo
         self.trace = Trace()
 
     def __repr__(self) -> str:
@@ -152,7 +151,7 @@ class ScheduleRunner:
             for i, item in enumerate(self.plan):
                 if isinstance(item, Comm):
                     start = clock()
-                    self._move(item, state, self._next_recv.get(i))
+                    self._move(item, state)
                     state.trace.comm.append(CommEvent(self.rank, str(item), start, clock()))
                     continue
                 state.run(item)
@@ -195,9 +194,9 @@ class ScheduleRunner:
         return Trace.merge(traces)
 
     # ------------------------------------------------------------------ pieces
-    def _move(self, comm: Comm, state: StepState, next_recv: Comm | None) -> None:
+    def _move(self, comm: Comm, state: StepState) -> None:
         if comm.op is CommOp.RECV:
-            state.inbox[comm.key] = self.p2p.recv(comm, next_recv)
+            state.inbox[comm.key] = self.p2p.recv(comm)
         else:
             self.p2p.send(comm, state.outbox.pop(comm.key))
 

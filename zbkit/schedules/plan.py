@@ -114,18 +114,6 @@ class Plan:
     def __repr__(self) -> str:
         return f"Plan(rank={self.rank}, actions={len(self.actions)}, comms={len(self.comms)})"
 
-    def next_receives(self) -> dict[int, Comm]:
-        """Plan position of each receive -> the next receive on the same edge, if any."""
-        following: dict[int, Comm] = {}
-        last_on_edge: dict[tuple, int] = {}
-        for i, c in enumerate(self.steps):
-            if isinstance(c, Comm) and c.op is CommOp.RECV:
-                edge = (c.what, c.stage, c.peer)
-                if edge in last_on_edge:
-                    following[last_on_edge[edge]] = c
-                last_on_edge[edge] = i
-        return following
-
 
 def derive_plan(schedule: Schedule, rank: int) -> Plan:
     """``rank``'s compute actions with the ``Comm`` each one needs around it."""
