@@ -17,7 +17,8 @@ import re
 import pytest
 import torch
 
-from zbkit import _report, demo
+from zbkit import demo
+from zbkit.demo import _report
 from zbkit.models import TinyTransformer, split_stages, stage_spans
 from zbkit.pipeline import Trace
 from zbkit.schedules import Costs, bubble_rate, build_schedule, simulate
