@@ -245,8 +245,16 @@ def plot_memory(
     axes[-1].set_xlabel(unit, fontsize=8)
     axes[0].set_ylim(bottom=min(0.0, *[min(steps[r][1]) for r in shown]))
     limit_text = f", limit {limit:.4g} (dashed)" if limit is not None else ""
+    # the unit: Costs.mem_activation per microbatch of one stage; with several stages per
+    # rank (zb-v's V) each is a chunk of the model part, so say so
+    stages = {e.stage for e in t.events}
+    v = len(stages) // max(t.num_ranks, 1)
+    unit = f"chunk-microbatches (a chunk: 1/{v} of a rank's layers)" if v > 1 else "microbatches"
     axes[0].set_title(
-        f"activation memory per rank: peak {max(peaks):.4g}{limit_text}", fontsize=9, loc="left"
+        f"activation memory per rank, in {unit} x mem_activation: peak {max(peaks):.4g}"
+        f"{limit_text}",
+        fontsize=9,
+        loc="left",
     )
     fig._zb_summary = f"memory of {len(shown)} ranks, peak {max(peaks):.4g}"
     return fig
