@@ -118,7 +118,11 @@ class P2P:
         self._recv_meta: dict[tuple[str, int], _Meta] = {}
         self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
         self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
-        self._buffers: dict[Comm, list[torch.Tensor]] = {}  # receive buffers, kept across steps
+        # per transfer, once its edge's shapes are agreed: what to check and where to send /
+        # the buffers to receive into (kept across steps)
+        self._sends: dict[Comm, tuple] = {}
+        self._recvs: dict[Comm, tuple] = {}
+        self._wait_for = datetime.timedelta(seconds=timeout)
 
     def new_step(self) -> None:
         """A step starts: the agreed shapes stay; nothing else carries over."""
@@ -129,7 +133,8 @@ class P2P:
         self._sent_meta.clear()
         self._recv_meta.clear()
         self._early_meta.clear()
-        self._buffers.clear()
+        self._sends.clear()
+        self._recvs.clear()
 
     # ------------------------------------------------------------------ tags and peers
     def _tag(self, comm: Comm, index: int) -> int:
@@ -144,7 +149,35 @@ class P2P:
 
     # ------------------------------------------------------------------ send
     def send(self, comm: Comm, tensors: dict[str, torch.Tensor]) -> None:
-        """Posts the sends of one message; they complete while this rank computes on."""
+        """Posts the sends of one message; they complete while this rank computes on.
+
+        Once this transfer's shapes are agreed, its tags and peer are kept (a "route") and a
+        send only checks each tensor against them and posts it: a hop costs about what a bare
+        ``isend`` costs.
+        """
+        route = self._sends.get(comm)
+        if route is not None and len(tensors) == len(route[0]):
+            names, shapes, dtypes, grads, tags, peer = route
+            data = []
+            for k, shape, dtype, rg in zip(names, shapes, dtypes, grads, strict=True):
+                t = tensors.get(k)
+                if t is None or t.shape != shape or t.dtype != dtype or t.requires_grad != rg:
+                    break  # not as agreed: the full path names what changed
+                data.append(t if t.is_contiguous() else t.contiguous())
+            else:
+                if self.batched:
+                    self._post(CommOp.SEND, comm, data, tags)
+                    return
+                group, isend = self.group, dist.isend
+                works = [
+                    isend(t, peer, group=group, tag=tag) for t, tag in zip(data, tags, strict=True)
+                ]
+                self._pending.append((works, comm, data))  # alive until the wire is done
+                return
+        self._send_checked(comm, tensors)
+
+    def _send_checked(self, comm: Comm, tensors: dict[str, torch.Tensor]) -> None:
+        """The first send of a transfer (agreeing or checking the edge's shapes) or a bad one."""
         meta = _Meta.of(tensors)
         if len(meta.names) > _SLOTS:
             raise ValueError(f"{self.where}: {comm} carries {len(meta.names)} tensors (max 64)")
@@ -161,7 +194,11 @@ class P2P:
                 "rank before the step"
             )
         data = [tensors[k].contiguous() for k in meta.names]  # the wire reads the data only
-        self._post(CommOp.SEND, comm, data, [self._tag(comm, i) for i in range(len(data))])
+        tags = [self._tag(comm, i) for i in range(len(data))]
+        self._post(CommOp.SEND, comm, data, tags)
+        shapes = tuple(torch.Size(x) for x in meta.shapes)
+        route = (meta.names, shapes, meta.dtypes, meta.requires_grad, tags)
+        self._sends[comm] = (*route, self._global(comm.peer))
 
     # ------------------------------------------------------------------ recv
     def recv(self, comm: Comm) -> dict[str, torch.Tensor]:
@@ -171,20 +208,45 @@ class P2P:
         of its turn was seen to stall its message by 3-5 ms (benchmarks/pipeline_vs_torch.py),
         while a message that arrives first simply waits for its receive.
         """
+        route = self._recvs.get(comm) or self._recv_route(comm)
+        names, bufs, floats, grads, tags, peer = route
+        if self.batched:
+            works = self._post(CommOp.RECV, comm, bufs, tags)
+        else:
+            group, irecv = self.group, dist.irecv
+            works = [
+                irecv(b, peer, group=group, tag=tag) for b, tag in zip(bufs, tags, strict=True)
+            ]
+        self._wait(works, comm)
+        # The received tensors start a new graph on this stage: fresh leaves (that collect a
+        # gradient) over the transfer's buffers, which the next step receives into again
+        return {
+            k: b.detach().requires_grad_(rg) if f else b.detach()
+            for k, b, f, rg in zip(names, bufs, floats, grads, strict=True)
+        }
+
+    def _recv_route(self, comm: Comm) -> tuple:
+        """This transfer's names, buffers, tags and peer, once the edge's shapes are known.
+
+        One set of buffers per transfer, kept across steps (as torch's stages do): a fresh
+        allocation per message costs more than the message on small stages. Safe because a
+        step's received tensors are dead when the step ends (the stage freed them).
+        """
         key = (comm.what, comm.stage)
         meta = self._recv_meta.get(key)
         if meta is None:
             works, buf = self._early_meta.pop(key, None) or self._post_meta_recv(comm)
             self._wait(works, comm)
             meta = self._recv_meta[key] = _unpack(buf)
-        works, bufs = self._post_recv(comm, meta)
-        self._wait(works, comm)
-        # The received tensors start a new graph on this stage: fresh leaves (that collect a
-        # gradient) over the edge's buffers, which the next step receives into again
-        return {
-            k: b.detach().requires_grad_(rg) if b.is_floating_point() else b.detach()
-            for k, b, rg in zip(meta.names, bufs, meta.requires_grad, strict=True)
-        }
+        bufs = [
+            torch.empty(shape, dtype=dtype, device=self.device)
+            for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
+        ]
+        floats = tuple(b.is_floating_point() for b in bufs)
+        tags = [self._tag(comm, i) for i in range(len(bufs))]
+        route = (meta.names, bufs, floats, meta.requires_grad, tags, self._global(comm.peer))
+        self._recvs[comm] = route
+        return route
 
     def expect(self, comms: list[Comm]) -> None:
         """Step start: post the shape message of every edge this rank will receive on whose
@@ -201,19 +263,6 @@ class P2P:
     def _post_meta_recv(self, comm: Comm) -> tuple[list, torch.Tensor]:
         buf = torch.empty(_META_BYTES, dtype=torch.uint8, device=self.device)
         return self._post(CommOp.RECV, comm, [buf], [self._meta_tag(comm)]), buf
-
-    def _post_recv(self, comm: Comm, meta: _Meta) -> tuple[list, list[torch.Tensor]]:
-        # One set of buffers per transfer, kept across steps (as torch's stages do): a fresh
-        # allocation per message costs more than the message on small stages. Safe because a
-        # step's received tensors are dead when the step ends (the stage freed them).
-        bufs = self._buffers.get(comm)
-        if bufs is None:
-            bufs = self._buffers[comm] = [
-                torch.empty(shape, dtype=dtype, device=self.device)
-                for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
-            ]
-        tags = [self._tag(comm, i) for i in range(len(bufs))]
-        return self._post(CommOp.RECV, comm, bufs, tags), bufs
 
     # ------------------------------------------------------------------ plumbing
     def _post(self, op: CommOp, comm: Comm, tensors: list[torch.Tensor], tags: list[int]) -> list:
@@ -237,7 +286,7 @@ class P2P:
     def _wait(self, works: list, comm: Comm) -> None:
         for work in works:
             try:
-                work.wait(datetime.timedelta(seconds=self.timeout))
+                work.wait(self._wait_for)
             except RuntimeError as exc:
                 raise CommTimeout(
                     f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
