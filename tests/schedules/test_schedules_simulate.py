@@ -57,3 +57,26 @@ def test_costs_are_checked_and_parsed():
     assert Costs.parse("1,1,1,0,2,0.5") == Costs(1, 1, 1, 0, 2, 0.5)
     with pytest.raises(ValueError, match="F,I,W"):
         Costs.parse("1,2")
+
+
+def test_simulated_comm_waits_follow_the_plan():
+    # 1f1b, p=2, m=2, comm 0.5: rank 1 waits for 0F0's activations (ready at 1 + 0.5);
+    # rank 0 waits for 1B0's gradients after 0F1 (2 -> 4.5 + 0.5) and for 1B1's after 0B0
+    sim = simulate(build_schedule("1f1b", pp=2, microbatches=2), Costs(comm=0.5))
+    assert [tuple(c) for c in sim.comm] == [
+        (0, "recv grad 0:0 <- rank 1", 2.0, 5.0),
+        (0, "recv grad 0:1 <- rank 1", 7.0, 8.0),
+        (1, "recv act 1:0 <- rank 0", 0.0, 1.5),
+    ]
+    # in general: each wait ends where an action that receives starts, and no rank waits on
+    # receives longer than it idles
+    for name in ("zb-h1", "zb-v", "interleaved-1f1b"):
+        s = build_schedule(name, pp=4, microbatches=8)
+        sim = simulate(s, Costs(F=1, I=1.5, W=0.5, comm=0.2))
+        starts = {(e.rank, e.start) for e in sim.events}
+        for c in sim.comm:
+            assert (c.rank, c.end) in starts and c.end > c.start, (name, c)
+        for rank in range(s.pp):
+            waited = sum(c.end - c.start for c in sim.comm if c.rank == rank)
+            first = min(e.start for e in sim.events if e.rank == rank)
+            assert waited <= sim.idle[rank] + first + 1e-9, (name, rank)

@@ -125,3 +125,14 @@ def test_bad_inputs_say_what_is_wrong():
         plot_schedule([(0, 0, "F", 0, 0, 1)], ranks=[5])
     with pytest.raises(ValueError, match="compare"):
         plot_schedule([(0, 0, "F", 0, 0, 1)], compare="side")
+
+
+def test_comm_waits_are_drawn_from_the_plan():
+    sim = simulate(build_schedule("zb-h1", pp=4, microbatches=6), Costs(comm=0.3))
+    fig = plot_schedule(sim, comm=True)
+    bars = next(c for c in fig.axes[0].collections if c.get_gid() == "comm")
+    assert len(bars.get_paths()) == len(sim.comm) > 0
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "waiting on a receive" in labels
+    plain = plot_schedule(sim)  # off by default
+    assert not any(c.get_gid() == "comm" for c in plain.axes[0].collections)

@@ -24,6 +24,7 @@ from os import PathLike
 from typing import Any, NamedTuple
 
 from zbkit.schedules import Costs, Event, bubble_rate, memory_steps
+from zbkit.schedules.events import CommEvent
 
 
 class MemorySample(NamedTuple):
@@ -35,15 +36,6 @@ class MemorySample(NamedTuple):
     activations: int  # microbatches between F and I/B
     weight_state: int  # microbatches between I and W
     activation_bytes: int = 0  # bytes of saved activations of those microbatches
-
-
-class CommEvent(NamedTuple):
-    """Time a rank spent posting a send or waiting for a receive."""
-
-    rank: int
-    label: str  # e.g. "recv act 2:3 <- rank 1"
-    start: float
-    end: float
 
 
 @dataclass

@@ -11,7 +11,7 @@ The layers and where to add a schedule or an action kind: docs/architecture.md.
 from zbkit.schedules.action import KINDS, Action, Kind, Product
 from zbkit.schedules.builders import SCHEDULES, build_schedule, explain_auto
 from zbkit.schedules.costs import Costs
-from zbkit.schedules.events import Event, bubble_rate, memory_deltas, memory_steps
+from zbkit.schedules.events import CommEvent, Event, bubble_rate, memory_deltas, memory_steps
 from zbkit.schedules.plan import Comm, CommOp, Plan, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Simulation, simulate
@@ -22,6 +22,7 @@ __all__ = [
     "SCHEDULES",
     "Action",
     "Comm",
+    "CommEvent",
     "CommOp",
     "Costs",
     "Event",

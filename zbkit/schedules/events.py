@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from zbkit.schedules.costs import Costs
 
-__all__ = ["Event", "bubble_rate", "memory_deltas", "memory_steps", "rank_spans"]
+__all__ = ["CommEvent", "Event", "bubble_rate", "memory_deltas", "memory_steps", "rank_spans"]
 
 
 class Event(NamedTuple):
@@ -36,6 +36,16 @@ class Event(NamedTuple):
     @property
     def label(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"  # same text as str(Action)
+
+
+class CommEvent(NamedTuple):
+    """Time a rank spent on a transfer of its plan: posting a send, or idle waiting for a
+    receive (measured in ``Trace.comm``, modelled in ``Simulation.comm``)."""
+
+    rank: int
+    label: str  # e.g. "recv act 2:3 <- rank 1"
+    start: float
+    end: float
 
 
 def rank_spans(events: Iterable[Event]) -> dict[int, tuple[float, float, float]]:

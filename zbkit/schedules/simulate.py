@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from zbkit.schedules import _engine
 from zbkit.schedules.action import KINDS, PARTS
 from zbkit.schedules.costs import Costs, per_stage
-from zbkit.schedules.events import Event, bubble_rate, memory_deltas, memory_steps, rank_spans
+from zbkit.schedules.events import (
+    CommEvent,
+    Event,
+    bubble_rate,
+    memory_deltas,
+    memory_steps,
+    rank_spans,
+)
+from zbkit.schedules.plan import Comm, CommOp, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.validate import validate
 
@@ -34,6 +42,29 @@ class Simulation:
     busy: list[float]  # per rank: time spent computing
     span: list[float]  # per rank: first start to last end
     idle: list[float]  # per rank: span - busy (the bubbles)
+
+    @property
+    def comm(self) -> list[CommEvent]:
+        """The modelled waits on receives, in ``Trace.comm``'s form: for each action of a
+        rank's plan (``derive_plan``) that receives from another rank, the time the rank sat
+        idle before it (from its previous action's end, or 0). Computed when asked."""
+        per_rank: dict[int, list[Event]] = {}
+        for e in self.events:
+            per_rank.setdefault(e.rank, []).append(e)  # program order per rank
+        out: list[CommEvent] = []
+        for rank, events in sorted(per_rank.items()):
+            free, index, waiting = 0.0, 0, []
+            for step in derive_plan(self.schedule, rank):
+                if isinstance(step, Comm):
+                    if step.op is CommOp.RECV:
+                        waiting.append(str(step))
+                    continue
+                e = events[index]
+                index += 1
+                if waiting and e.start > free:
+                    out.append(CommEvent(rank, " + ".join(waiting), free, e.start))
+                waiting, free = [], e.end
+        return out
 
     def __repr__(self) -> str:
         return (

@@ -21,6 +21,7 @@ def kind_color(letter: str) -> str:
 
 
 IDLE_COLOR = "#eeeeee"  # bubbles: a rank waiting
+COMM_COLOR = "#555555"  # a rank waiting on a receive of its communication plan
 LIMIT_COLOR = "#d62728"  # memory limit line
 SPLIT_COLOR = "#d62728"  # split points (intermediates) on the graph
 CLOSURE_FILL = "#e4e4e4"  # nodes the input-gradient pass runs through

@@ -13,7 +13,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 
 from zbkit.schedules import KINDS, Event, memory_deltas, memory_steps
-from zbkit.viz._colors import IDLE_COLOR, LIMIT_COLOR, kind_color
+from zbkit.viz._colors import COMM_COLOR, IDLE_COLOR, LIMIT_COLOR, kind_color
 from zbkit.viz._figure import ZbFigure
 from zbkit.viz.timeline import Timeline, timeline
 
@@ -61,6 +61,7 @@ def plot_schedule(
     ranks: list[int] | None = None,
     title: str | None = None,
     labels: bool = True,
+    comm: bool = False,
     width: float = 12.0,
     unit: str = "time",
 ) -> ZbFigure:
@@ -73,6 +74,8 @@ def plot_schedule(
             outlines over the measured ones (`compare="overlay"`).
         ranks: the ranks to show (all by default).
         labels: write `stage kind microbatch` (e.g. `1I3`) in boxes wide enough for it.
+        comm: under each row, a thin bar where the rank waited on a receive of its plan
+            (`Trace.comm` measured, `Simulation.comm` modelled).
     """
     if compare not in ("rows", "overlay"):
         raise ValueError(f"compare={compare!r}; use 'rows' or 'overlay'")
@@ -99,8 +102,14 @@ def plot_schedule(
     outline_verts: list[list[tuple[float, float]]] = []
     outline_colors: list[str] = []
     idle = []
+    waits: list[list[tuple[float, float]]] = []
     for y, (_, rank, t, overlay) in enumerate(rows):
         idle.append([(0, y - 0.45), (span, y - 0.45), (span, y + 0.45), (0, y + 0.45)])
+        if comm:  # the plan's waits on receives, on the timeline's clock
+            for c in getattr(t.source, "comm", None) or []:
+                if c.rank == rank and c.end > c.start:
+                    a, b = c.start - t.t0, c.end - t.t0
+                    waits.append([(a, y + 0.39), (b, y + 0.39), (b, y + 0.45), (a, y + 0.45)])
         events = [e for e in t.events if e.rank == rank]
         verts += _rects(events, y, 0.38)
         colors += [kind_color(e.kind) for e in events]
@@ -121,6 +130,10 @@ def plot_schedule(
     ax.add_collection(
         PolyCollection(verts, facecolors=colors, edgecolors="white", linewidths=0.5, gid="actions")
     )
+    if waits:
+        ax.add_collection(
+            PolyCollection(waits, facecolors=COMM_COLOR, edgecolors="none", gid="comm")
+        )
     if outline_verts:
         ax.add_collection(
             PolyCollection(
@@ -145,6 +158,8 @@ def plot_schedule(
     kinds = [k for k in KINDS.values() if k.letter in present]  # the table's order
     handles = [Patch(facecolor=kind_color(k.letter), label=f"{k.letter}: {k.name}") for k in kinds]
     handles.append(Patch(facecolor=IDLE_COLOR, hatch="//", label="idle (bubble)"))
+    if waits:
+        handles.append(Patch(facecolor=COMM_COLOR, label="waiting on a receive"))
     if ref is not None and compare == "overlay":
         handles.append(Patch(facecolor="none", edgecolor="#333333", ls="--", label="simulated"))
     ax.legend(

@@ -29,6 +29,7 @@ class Timeline:
     bubble_rate: float
     peak_memory: list[float] | None  # from the simulation when it has one
     source: Any  # what the user passed, for costs / memory timelines it may carry
+    t0: float = 0.0  # the source's time of the first start (subtracted from every event)
 
 
 def _one_event(raw: Any, index: int) -> Event:
@@ -97,4 +98,5 @@ def timeline(obj: Any, *, num_ranks: int | None = None) -> Timeline:
         bubble_rate=float(rate) if rate is not None else bubble_rate(events),
         peak_memory=[float(x) for x in peak] if peak is not None else None,
         source=obj,
+        t0=t0,
     )
