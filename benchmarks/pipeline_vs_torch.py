@@ -9,7 +9,8 @@ Targets: zbkit / torch <= 1.00 compute-bound, <= 1.05 tiny.
 
 Part 2: one hop, as a ping-pong between the two ranks (activations out, gradients back, the
 size of the tiny model's activations): zbkit's point-to-point layer (`P2P`, the one the runner
-uses, shapes already agreed) against bare `dist.isend`/`dist.irecv`, alternating. Target:
+uses, shapes already agreed) against bare `dist.isend`/`dist.irecv`, alternating; both sides
+send the same tensors (a fixed one each way), so the difference is what P2P adds. Target:
 zbkit's round trip within 1.2x of the bare one.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/pipeline_vs_torch.py [--rounds 30]
@@ -117,6 +118,7 @@ def _hops(width: int, rows: int, rounds: int, trips: int, device: torch.device) 
     rank = dist.get_rank()
     peer = 1 - rank
     act = torch.randn(rows, width, device=device)
+    reply = torch.randn(rows, width, device=device)
     p2p = P2P(None, 2, trips, device, timeout=60.0, where=f"rank {rank}")
     send_act = [Comm(CommOp.SEND, Product.ACT, 1, j, peer, "bench") for j in range(trips)]
     recv_act = [Comm(CommOp.RECV, Product.ACT, 1, j, peer, "bench") for j in range(trips)]
@@ -129,8 +131,8 @@ def _hops(width: int, rows: int, rounds: int, trips: int, device: torch.device) 
                 p2p.send(send_act[j], {"x": act})
                 p2p.recv(recv_grad[j])
             else:
-                got = p2p.recv(recv_act[j])
-                p2p.send(send_grad[j], {"x": got["x"]})
+                p2p.recv(recv_act[j])
+                p2p.send(send_grad[j], {"x": reply})  # a fixed tensor, as the bare echo's
         p2p.finish()
 
     buf = torch.empty_like(act)
