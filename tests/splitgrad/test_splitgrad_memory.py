@@ -1,4 +1,4 @@
-"""What the split backward frees, and when (see _fast.release_saved).
+"""What the split backward frees, and when (see _free.release_saved).
 
 I frees the tensors only it needs (a GELU's input) when it returns; W frees each
 group's saved activation once that group's weight half ran. Watched with
@@ -129,3 +129,24 @@ def test_forward_under_saved_tensor_hooks_is_left_alone_and_exact():
     compare_split_to_autograd(
         blocks, fwd, [[x_(2, 3, 8)], [x_(2, 3, 8)]], "I0 I1 W1 W0", output_grads=random_grads
     )
+
+
+def test_parameter_slots_are_left_alone_and_activation_slots_freed():
+    # dropping a saved parameter (a LayerNorm's weight) or a view of one (a Linear's
+    # weight.t()) frees nothing, the module holds it: only activations get the hooks
+    require_fast_paths()
+    torch.manual_seed(0)
+    block = ResidualMLPBlock(4).to(D)
+    x = x_(2, 4)
+    out = block(x)
+    down = out.grad_fn.next_functions[1][0]  # x + down(...): AddBackward -> AddmmBackward
+    ln = down.next_functions[1][0].next_functions[0][0].next_functions[1][0]  # gelu, up, ln
+    assert (down.name(), ln.name()) == ("AddmmBackward0", "NativeLayerNormBackward0")
+    params = list(block.parameters())
+    res = stage_backward_input([out], [torch.ones_like(out)], [x], params)
+    hooked = {n: getattr(ln, f"_raw_saved_{n}").unpack_hook is not None for n in ("weight", "bias")}
+    assert hooked == {"weight": False, "bias": False}
+    assert ln._raw_saved_input.unpack_hook is not None  # I freed the LayerNorm's input
+    stage_backward_weight(params, res.pending_weight)
+    assert down._raw_saved_mat2.unpack_hook is None  # weight.t(): left alone
+    assert down._raw_saved_mat1.unpack_hook is not None  # the GELU output: freed after W

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.graph import Node, get_gradient_edge
 
-from zbkit.splitgrad import _fast
+from zbkit.splitgrad import _fast, _plan
 from zbkit.splitgrad._directions import GradDirection, grad_directions
-from zbkit.splitgrad._graph import build_reverse_graph, grad_node
-from zbkit.splitgrad._groups import group_params, input_closure
+from zbkit.splitgrad._free import release_saved
+from zbkit.splitgrad._graph import grad_node
+from zbkit.splitgrad._groups import analyse_stage
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
 _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
@@ -144,56 +145,35 @@ def stage_backward_input(
     tensors, grads = _roots(outputs, output_grads)
 
     out_edges = [get_gradient_edge(t) for t in tensors]
+    out_nodes = [e.node for e in out_edges]
     input_nodes = [grad_node(x) for x in inputs if x.requires_grad]
-    reverse = build_reverse_graph([e.node for e in out_edges])
-
-    # node of each weight; tied weights share one AccumulateGrad node. Reading
-    # the leaves off the graph's AccumulateGrad nodes is much cheaper than asking
-    # every parameter for its node (that builds a throwaway view per parameter).
-    leaf_node = {}
-    for node in reverse:
-        leaf = getattr(node, "variable", None)  # only AccumulateGrad nodes have it
-        if leaf is not None:
-            leaf_node[id(leaf)] = node
-    weight_of: dict[Node, torch.Tensor] = {}
-    for w in weights:
-        node = leaf_node.get(id(w))
-        if node is None and w.requires_grad and not w.is_leaf:
-            node = w.grad_fn
-        if node is not None:  # None: frozen, or the outputs do not depend on it
-            weight_of.setdefault(node, w)
-    closure = input_closure(input_nodes, reverse)
-    groups = group_params(
-        input_nodes,
-        list(weight_of),
-        reverse,
-        output_nodes=[e.node for e in out_edges],
-        closure=closure,
-    )
+    fast = _fast.use_fast_paths()
+    # the same analysis either way; the fast path keeps it per graph structure
+    stage = (_plan.analyse_cached if fast else analyse_stage)(out_nodes, input_nodes, weights)
 
     edges_at: dict[Node, list[int]] = {}
-    for k, e in enumerate(out_edges):
-        edges_at.setdefault(e.node, []).append(k)
+    for k, node in enumerate(out_nodes):
+        edges_at.setdefault(node, []).append(k)
     wanted = [x for x in inputs if x.requires_grad]
     run_i = bool(wanted and tensors)  # first stage: nothing to do here, W does it all
-    eager = run_i and _fast.use_fast_paths()  # may I compute LayerNorm weight halves?
+    eager = run_i and fast  # may I compute LayerNorm weight halves?
     works: list[PendingGroup] = []
     ready_edges = []  # the parameter edges of LayerNorm-like groups, asked for in I
     handles = []
     try:
-        for group in groups:
-            work = PendingGroup(group, tensors=[weight_of[p] for p in group.param_nodes])
+        for i, group in enumerate(stage.groups):
+            work = PendingGroup(group, tensors=stage.tensors[i])
             works.append(work)
             for root in group.roots:  # outputs outside the input closure start W directly
                 work.roots += [(out_edges[k], grads[k]) for k in edges_at.get(root, ())]
-            edges = _fast.eager_edges(group, reverse) if eager else []
+            edges = _fast.eager_edges(stage.eager[i]) if eager else []
             if edges:  # nothing to capture: I hands W the parameter gradients
                 work.ready = [(e, None) for e in edges]
                 ready_edges += edges
                 continue
             work.captured = [None] * len(group.intermediates)
-            for i, node in enumerate(group.intermediates):
-                handles.append(node.register_prehook(functools.partial(_capture, work.captured, i)))
+            for j, node in enumerate(group.intermediates):
+                handles.append(node.register_prehook(functools.partial(_capture, work.captured, j)))
 
         found: tuple = ()
         if run_i:
@@ -205,7 +185,7 @@ def stage_backward_input(
             for work in works:
                 work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
             if eager and not retain_graph:  # what W never runs may go now
-                _fast.release_saved(_fast.input_only_nodes(closure, works))
+                release_saved(stage.input_only(works))
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle

@@ -2,7 +2,7 @@
 
 The reference path (_weight.py) is the whole idea; these only make it cheaper:
 
-- Norm halves in I (`eager_edges`): a normalisation node whose parameters
+- Norm halves in I (`eager_candidates`, `eager_edges`): a normalisation node whose parameters
   only it uses gets its weight gradients in I, from the same fused kernel call as
   its input gradient; W then only delivers them into `.grad`.
 - batched W (`run_batched`): the reference path makes one engine call per group,
@@ -14,10 +14,12 @@ The reference path (_weight.py) is the whole idea; these only make it cheaper:
   on the replayed node itself do not run again in W (they ran in I). Were a
   node called this way to compute its input half too, W would stay exact, only
   slower: tests/splitgrad counts the matmuls to notice.
-- freeing saved tensors (`release_saved`): what only I needs (a GELU's input,
-  a LayerNorm's statistics) is dropped when I ends, and each node W calls
+- freeing saved tensors (`_free.release_saved`): what only I needs (a GELU's
+  input, a LayerNorm's statistics) is dropped when I ends, and each node W calls
   itself drops its saved tensors once called, as the engine does for the nodes
   it runs without retain_graph. A freed tensor's unpack raises, naming the fix.
+- the analysis cached per graph structure (`_plan`): the same model gives the
+  same graph shape every microbatch, so I analyses each shape once.
 
 All lean on torch internals: `torch.autograd.graph._engine_run_backward`, a
 node's `_input_metadata` and `_raw_saved_*` tensors (their `register_hooks`),
@@ -35,7 +37,7 @@ import functools
 import os
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -43,6 +45,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import GradientEdge, Node
 
+from zbkit.splitgrad._free import release_saved, unpack_freed
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node
 from zbkit.splitgrad._groups import ParamGroup, group_params
 from zbkit.splitgrad._pending import PendingGroup
@@ -119,66 +122,9 @@ def _probe() -> str | None:
     node, alive = torch.sin(h).grad_fn, weakref.ref(h)  # sin's node saves its input h
     del h
     release_saved([node])
-    if alive() is not None or node._raw_saved_self.unpack_hook is not _freed:
+    if alive() is not None or node._raw_saved_self.unpack_hook is not unpack_freed:
         return "releasing a node's saved tensors does not free them"
     return None
-
-
-# ---------------------------------------------------------------- freeing saved tensors
-
-_SAVED_NAMES: dict[type, tuple[str, ...]] = {}  # node class -> its saved-tensor attributes
-
-
-def _drop(_tensor: torch.Tensor) -> None:
-    return None  # pack hook: keep nothing, so the tensor dies with its last other reference
-
-
-def _freed(_packed: None) -> torch.Tensor:
-    raise RuntimeError(
-        "zbkit.splitgrad freed this saved tensor: only the input pass (I) or this node's "
-        "weight half in W needed it. To backward through this graph again, pass "
-        "retain_graph=True to stage_backward_input and to stage_backward_weight"
-    )
-
-
-def input_only_nodes(closure: dict[Node, None], works: list[PendingGroup]) -> list[Node]:
-    """The built-in nodes of the input closure that W never runs: what I may free when it ends.
-
-    W starts at the intermediates of the groups it replays; a group with several
-    also replays the closure's path below them, so all of that stays.
-    """
-    keep: set[Node] = set()
-    below: set[Node] = set()  # what lies under a group with several intermediates
-    stack: list[Node] = []
-    for work in works:
-        if not work.ready:
-            keep.update(work.group.intermediates)
-            if len(work.group.intermediates) > 1:
-                stack += work.group.intermediates
-    while stack:
-        for producer, _ in stack.pop().next_functions:
-            if producer in closure and producer not in below:
-                below.add(producer)
-                stack.append(producer)
-    keep |= below
-    return [n for n in closure if n not in keep and not isinstance(n, BackwardCFunction)]
-
-
-def release_saved(nodes: Iterable[Node]) -> None:
-    """Drop the tensors these built-in nodes saved for backward (what retain_graph=False does).
-
-    Saved tensors that already carry hooks (a `saved_tensors_hooks` forward) are left alone.
-    """
-    for node in nodes:
-        names = _SAVED_NAMES.get(type(node))
-        if names is None:  # dir() is slow: once per node class
-            names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
-            _SAVED_NAMES[type(node)] = names
-        for name in names:
-            saved = getattr(node, name)
-            for one in saved if isinstance(saved, list | tuple) else (saved,):
-                if one.unpack_hook is None and one.data is not None:
-                    one.register_hooks(_drop, _freed)
 
 
 # ---------------------------------------------------------------- LayerNorm halves in I
@@ -202,13 +148,14 @@ EAGER_NODES = frozenset(
 )
 
 
-def eager_edges(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list[GradientEdge]:
+def eager_candidates(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list[GradientEdge]:
     """The parameter edges of a group whose weight half I may compute ([] if not eligible).
 
     Eligible: one intermediate named in EAGER_NODES, no outputs outside the input
     closure, and every parameter of the group a leaf fed by that node alone (so
-    capturing its edge in I sees exactly what plain backward would deliver) and
-    without tensor hooks (capturing runs them; W would run them again).
+    capturing its edge in I sees exactly what plain backward would deliver). The
+    graph's structure decides this; tensor hooks, which may come and go between
+    microbatches, are `eager_edges`' to check.
     """
     if len(group.intermediates) != 1 or group.roots or group.needs_both_directions:
         return []
@@ -218,11 +165,18 @@ def eager_edges(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list[Grad
     edges = []
     for k in group.exits[0]:
         param, nr = node.next_functions[k]
-        leaf = getattr(param, "variable", None)  # only AccumulateGrad nodes have it
-        if leaf is None or reverse.get(param) != [node] or leaf._backward_hooks:
-            return []
+        if not hasattr(param, "variable") or reverse.get(param) != [node]:
+            return []  # only AccumulateGrad nodes have `variable`
         edges.append(GradientEdge(param, nr))
     return edges if len(edges) == len(group.param_nodes) else []
+
+
+def eager_edges(candidates: list[GradientEdge]) -> list[GradientEdge]:
+    """The candidates, if none of their parameters has tensor hooks (capturing runs
+    them in I; W would run them again), else []."""
+    if any(edge.node.variable._backward_hooks for edge in candidates):
+        return []
+    return candidates
 
 
 # ---------------------------------------------------------------- batched W

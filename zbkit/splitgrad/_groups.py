@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import Node
 
-from zbkit.splitgrad._graph import ordered_closure
+from zbkit.splitgrad._graph import build_reverse_graph, ordered_closure
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,3 +158,41 @@ def group_params(
             )
         )
     return groups
+
+
+@dataclass(eq=False)
+class StageAnalysis:
+    """What the input pass needs to know about one stage graph."""
+
+    reverse: dict[Node, list[Node]]  # node -> the nodes that consume it
+    closure: dict[Node, None]  # C, the nodes I executes
+    groups: list[ParamGroup]
+    tensors: list[list[torch.Tensor]]  # per group, its parameters (param_nodes order)
+
+
+def analyse_stage(
+    output_nodes: Sequence[Node], input_nodes: Sequence[Node], weights: Sequence[torch.Tensor]
+) -> StageAnalysis:
+    """The reverse graph, the input closure and the parameter groups of one stage graph."""
+    reverse = build_reverse_graph(output_nodes)
+    # node of each weight; tied weights share one AccumulateGrad node. Reading
+    # the leaves off the graph's AccumulateGrad nodes is much cheaper than asking
+    # every parameter for its node (that builds a throwaway view per parameter).
+    leaf_node = {}
+    for node in reverse:
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad nodes have it
+        if leaf is not None:
+            leaf_node[id(leaf)] = node
+    weight_of: dict[Node, torch.Tensor] = {}
+    for w in weights:
+        node = leaf_node.get(id(w))
+        if node is None and w.requires_grad and not w.is_leaf:
+            node = w.grad_fn
+        if node is not None:  # None: frozen, or the outputs do not depend on it
+            weight_of.setdefault(node, w)
+    closure = input_closure(input_nodes, reverse)
+    groups = group_params(
+        input_nodes, list(weight_of), reverse, output_nodes=output_nodes, closure=closure
+    )
+    tensors = [[weight_of[p] for p in g.param_nodes] for g in groups]
+    return StageAnalysis(reverse, closure, groups, tensors)

@@ -1,0 +1,89 @@
+"""Freeing saved tensors early: what `retain_graph=False` does, at the split's own pace.
+
+A plain backward frees each node's saved tensors as soon as the node ran. The
+split backward runs most nodes twice at most (I, then W for the split points),
+so it frees in two steps instead (a fast path, guarded by `_fast`):
+
+- when I returns: the nodes W never runs (a GELU's input, a LayerNorm's
+  statistics), `input_only_nodes`;
+- during W: each replayed node, as soon as its group's weight half ran.
+
+A slot that holds a parameter (a LayerNorm's weight, a Linear's `weight.t()`)
+is left alone: the module keeps that tensor alive anyway, so dropping it would
+free nothing and cost a hook registration (~2 us).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.autograd.function import BackwardCFunction
+from torch.autograd.graph import Node
+
+from zbkit.splitgrad._pending import PendingGroup
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}  # node class -> its saved-tensor attributes
+
+
+def _drop(_tensor: torch.Tensor) -> None:
+    return None  # pack hook: keep nothing, so the tensor dies with its last other reference
+
+
+def unpack_freed(_packed: None) -> torch.Tensor:
+    raise RuntimeError(
+        "zbkit.splitgrad freed this saved tensor: only the input pass (I) or this node's "
+        "weight half in W needed it. To backward through this graph again, pass "
+        "retain_graph=True to stage_backward_input and to stage_backward_weight"
+    )
+
+
+def input_only_nodes(closure: Iterable[Node], works: list[PendingGroup]) -> list[Node]:
+    """The built-in nodes of the input closure that W never runs: what I may free when it ends.
+
+    W starts at the intermediates of the groups it replays; a group with several
+    also replays the closure's path below them, so all of that stays.
+    """
+    closure = dict.fromkeys(closure)
+    keep: set[Node] = set()
+    below: set[Node] = set()  # what lies under a group with several intermediates
+    stack: list[Node] = []
+    for work in works:
+        if not work.ready:
+            keep.update(work.group.intermediates)
+            if len(work.group.intermediates) > 1:
+                stack += work.group.intermediates
+    while stack:
+        for producer, _ in stack.pop().next_functions:
+            if producer in closure and producer not in below:
+                below.add(producer)
+                stack.append(producer)
+    keep |= below
+    return [n for n in closure if n not in keep and not isinstance(n, BackwardCFunction)]
+
+
+def release_saved(nodes: Iterable[Node]) -> None:
+    """Drop the tensors these built-in nodes saved for backward (what retain_graph=False does).
+
+    Saved tensors that already carry hooks (a `saved_tensors_hooks` forward) are left
+    alone, and so are parameters (and views of them): dropping those frees nothing.
+    """
+    for node in nodes:
+        names = _SAVED_NAMES.get(type(node))
+        if names is None:  # dir() is slow: once per node class
+            names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+            _SAVED_NAMES[type(node)] = names
+        for name in names:
+            saved = getattr(node, name)
+            for one in saved if isinstance(saved, list | tuple) else (saved,):
+                if one.unpack_hook is not None:
+                    continue
+                tensor = one.data  # None: an optional tensor the op did not get
+                # `type() is`: Parameter's isinstance goes through a slow metaclass hook
+                if (
+                    tensor is not None
+                    and type(tensor) is not nn.Parameter
+                    and type(tensor._base) is not nn.Parameter  # weight.t() in a Linear
+                ):
+                    one.register_hooks(_drop, unpack_freed)
