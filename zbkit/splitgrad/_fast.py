@@ -228,39 +228,41 @@ def _replay(
         return [], []
     nodes = [wk.group.intermediates[0] for wk in works]
     exit_edges = [
-        [node.next_functions[k] for k in wk.group.exits[0]]
+        [GradientEdge(*node.next_functions[k]) for k in wk.group.exits[0]]
         for wk, node in zip(works, nodes, strict=True)
     ]
     # the shape each exit edge's node expects: a Linear's bias gradient comes out
     # of AddmmBackward unreduced (as big as the captured gradient, often aliasing
     # it); reducing it right away, as the engine would, frees the capture now
     # instead of after the last group, so W's own allocations reuse that memory
-    shapes = [[tuple(n._input_metadata[nr].shape) for n, nr in edges] for edges in exit_edges]
+    shapes = [[e.node._input_metadata[e.output_nr].shape for e in edges] for edges in exit_edges]
     edges: list[GradientEdge] = []
     grads: list[torch.Tensor] = []
 
     def replay(_grad_outputs: tuple) -> None:
         # runs inside the tiny engine call below: its bookkeeping lists exactly the
         # exit edges as needed, so each node skips its input half
-        for i, (wk, node) in enumerate(zip(works, nodes, strict=True)):
+        for wk, node, exits, exit_shapes in zip(works, nodes, exit_edges, shapes, strict=True):
             captured, wk.captured = wk.captured[0], []  # free each captured gradient once used
-            out = list(node(*captured))
+            out = node(*captured)
             del captured
             if not retain_graph:  # this group is done with its node: free what it saved
-                release_saved([node])
-            for k, (n, nr), shape in zip(wk.group.exits[0], exit_edges[i], shapes[i], strict=True):
-                if out[k] is None:
+                release_saved((node,))
+            for k, edge, shape in zip(wk.group.exits[0], exits, exit_shapes, strict=True):
+                grad = out[k]
+                if grad is None:
                     continue
-                if out[k].shape != shape:
-                    out[k] = out[k].sum_to_size(shape)  # what the engine's check would do
-                edges.append(GradientEdge(n, nr))
-                grads.append(out[k])
+                if grad.shape != shape:
+                    grad = grad.sum_to_size(shape)  # what the engine's check would do
+                edges.append(edge)
+                grads.append(grad)
+            out = grad = None  # the unreduced bias gradient may alias the capture
 
     anchor = torch.zeros((), requires_grad=True)  # a one-node graph to hang `replay` on
     trigger = anchor.view_as(anchor)
     handle = trigger.grad_fn.register_prehook(replay)
     try:
-        wanted = [GradientEdge(n, nr) for exits in exit_edges for n, nr in exits]
+        wanted = [edge for exits in exit_edges for edge in exits]
         torch.autograd.grad(trigger, [*wanted, anchor], torch.zeros(()), allow_unused=True)
     finally:
         handle.remove()

@@ -195,16 +195,17 @@ def analyse_cached(
     else:
         PLANS.hits += 1
         PLANS.plans.move_to_end(full_key)
+    at = nodes.__getitem__  # position -> this graph's node
     groups = [
         ParamGroup(
-            param_nodes=tuple(nodes[p] for p in g.params),
-            intermediates=tuple(nodes[p] for p in g.intermediates),
+            param_nodes=tuple(map(at, g.params)),
+            intermediates=tuple(map(at, g.intermediates)),
             exits=g.exits,
-            roots=tuple(nodes[p] for p in g.roots),
+            roots=tuple(map(at, g.roots)),
             needs_both_directions=g.needs_both_directions,
         )
         for g in plan.groups
     ]
-    tensors = [[weights[i] for i in g.weights] for g in plan.groups]
-    eager = [[GradientEdge(nodes[p], nr) for p, nr in g.eager] for g in plan.groups]
+    tensors = [list(map(weights.__getitem__, g.weights)) for g in plan.groups]
+    eager = [[GradientEdge(at(p), nr) for p, nr in g.eager] if g.eager else [] for g in plan.groups]
     return BoundPlan(groups, tensors, eager, plan, nodes, pos)
