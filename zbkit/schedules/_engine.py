@@ -58,7 +58,12 @@ def run(
     program, where = schedule.program, schedule.stage_to_rank
     n, m = schedule.num_stages, schedule.microbatches
     last, nm = n - 1, n * m
-    _DONE, _NEEDS = tables()  # noqa: N806 - constants of this walk
+    made, needs = tables()
+    # per kind, with the key arithmetic done once: (what * n*m, stage offset) it waits for,
+    # what * n*m it makes, and its duration per stage
+    wait_on = {k: tuple((w * nm, d) for w, d in v) for k, v in needs.items()}
+    makes = {k: w * nm for k, w in made.items()}
+    dur = {k: [duration[s, k] for s in range(n)] for k in needs}
     done: list[float | None] = [None] * ((len(_WHAT) + 1) * nm)
     waiting: dict[int, list[int]] = {}  # key -> ranks whose next action needs it
     times: dict[int, list[tuple[float, float]]] = {r: [] for r in program}
@@ -67,17 +72,17 @@ def run(
     while todo:
         r = todo.pop()
         actions, out = program[r], times[r]
-        t_free = free[r]
-        while len(out) < len(actions):
-            a = actions[len(out)]
+        t_free, i, count = free[r], len(out), len(actions)
+        while i < count:
+            a = actions[i]
             s, kind, j = a.stage, a.kind, a.microbatch
             start = t_free
             blocked = -1
-            for what, d in _NEEDS[kind]:
+            for base, d in wait_on[kind]:
                 ds = s + d
                 if ds < 0 or ds > last:
                     continue  # outside the pipeline: the first stage's input, the loss
-                key = what * nm + ds * m + j
+                key = base + ds * m + j
                 t = done[key]
                 if t is None:
                     blocked = key
@@ -89,9 +94,10 @@ def run(
             if blocked >= 0:
                 waiting.setdefault(blocked, []).append(r)
                 break
-            t_free = start + duration[s, kind]
+            t_free = start + dur[kind][s]
             out.append((start, t_free))
-            key = _DONE[kind] * nm + s * m + j
+            i += 1
+            key = makes[kind] + s * m + j
             done[key] = t_free
             if key in waiting:
                 todo.extend(waiting.pop(key))

@@ -16,6 +16,7 @@ computed here once:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import NamedTuple
 
 from zbkit.schedules.costs import Costs
@@ -77,9 +78,16 @@ def memory_deltas(events: Iterable[Event], costs: Costs | Sequence[Costs] | None
     """Each event's change of memory held, from its stage's `Costs` (default `Costs()`)."""
     if costs is None:
         costs = Costs()
-    if isinstance(costs, Costs):
-        return [costs.memory(e.kind) for e in events]
-    return [costs[e.stage].memory(e.kind) for e in events]
+    table: dict[tuple[int, str], float] = {}  # (stage, kind) -> delta, asked once each
+    out = []
+    for e in events:
+        key = (e.stage, e.kind)
+        delta = table.get(key)
+        if delta is None:
+            c = costs if isinstance(costs, Costs) else costs[e.stage]
+            delta = table[key] = c.memory(e.kind)
+        out.append(delta)
+    return out
 
 
 def memory_steps(
@@ -96,13 +104,19 @@ def memory_steps(
     first = [float("inf")] * n
     for e, delta in zip(events, deltas, strict=True):
         changes[e.rank].append((e.start if delta > 0 else e.end, delta))
-        first[e.rank] = min(first[e.rank], e.start)
+        if e.start < first[e.rank]:
+            first[e.rank] = e.start
     out = []
     for rank, per_rank in enumerate(changes):
-        per_rank.sort(key=lambda c: c[0])  # stable: same-time changes keep event order
+        # stable, so same-time changes keep event order; a rank's events in program order
+        # are sorted already (one action at a time), which Timsort checks in one pass
+        per_rank.sort(key=_time)
         level, steps = 0.0, [(first[rank], 0.0)] if per_rank else []
         for time, delta in per_rank:
             level += delta
             steps.append((time, level))
         out.append(steps)
     return out
+
+
+_time = itemgetter(0)

@@ -20,7 +20,6 @@ from zbkit.schedules.events import (
     bubble_rate,
     memory_deltas,
     memory_steps,
-    rank_spans,
 )
 from zbkit.schedules.plan import Comm, CommOp, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError
@@ -100,16 +99,20 @@ def simulate(
 
 def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     new = tuple.__new__
-    events = []
+    events: list[Event] = []
+    starts, ends, busy = [], [], []
     for rank in range(schedule.pp):
-        for a, (start, end) in zip(schedule.program[rank], times[rank], strict=True):
-            # tuple.__new__ skips NamedTuple's Python-level __new__: 24k events stay cheap
+        spans = times[rank]
+        for a, (start, end) in zip(schedule.program[rank], spans, strict=True):
+            # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
             events.append(new(Event, (rank, a.stage, a.kind, a.microbatch, start, end)))
-    spans = rank_spans(events)
+        # a rank runs one action at a time in program order: its span is first start to
+        # last end (the numbers rank_spans gives for any events)
+        starts.append(spans[0][0] if spans else 0.0)
+        ends.append(spans[-1][1] if spans else 0.0)
+        busy.append(sum(end - start for start, end in spans))
     memory = memory_steps(events, memory_deltas(events, per_stage_costs), schedule.pp)
-    lo_hi_busy = [spans.get(r, (0.0, 0.0, 0.0)) for r in range(schedule.pp)]
-    span = [hi - lo for lo, hi, _ in lo_hi_busy]
-    busy = [b for *_, b in lo_hi_busy]
+    span = [e - s for s, e in zip(starts, ends, strict=True)]
     # ideal work of the busiest rank: m * sum over its stages of (F + I + W); with one
     # Costs for all stages this is m * v * (F + I + W)
     m = schedule.microbatches
@@ -118,13 +121,12 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         for r in range(schedule.pp)
     )
     cost = max(span)
-    starts = [lo for lo, *_ in spans.values()] or [0.0]
-    ends = [hi for _, hi, _ in spans.values()] or [0.0]
+    ran = [r for r in range(schedule.pp) if times[r]] or [0]
     return Simulation(
         schedule=schedule,
         costs=costs,
         events=events,
-        makespan=max(ends) - min(starts),
+        makespan=max(ends[r] for r in ran) - min(starts[r] for r in ran),
         bubble_rate=(cost - ideal) / cost if cost > 0 else 0.0,
         peak_memory=[max((h for _, h in steps), default=0.0) for steps in memory],
         memory=memory,

@@ -72,8 +72,9 @@ def _check_shape(schedule: Schedule) -> None:
         raise ScheduleError(f"rank(s) {empty} hold no stage in stage_to_rank {placement}")
 
 
-def _check_actions(schedule: Schedule) -> dict[tuple[str, int, int], tuple[int, Action]]:
-    """One pass per rank, asking the `KINDS` table; returns (part, stage, mb) -> (pos, action).
+def _check_actions(schedule: Schedule) -> list[int]:
+    """One pass per rank, asking the `KINDS` table; returns the position of the action that
+    did each part of each (stage, microbatch): done[part * n*m + stage * m + mb], or -1.
 
     Each action must be new, on its stage's rank, do no part of the work (F, I, W) that an
     earlier action already did, and come after what it needs from its own stage. Keys are
@@ -152,38 +153,36 @@ def _check_actions(schedule: Schedule) -> dict[tuple[str, int, int], tuple[int, 
             if makes >= 0:
                 made[makes * nm + base] = True
             seen[index * nm + base] = pos
-    return {
-        (part, s, j): (pos, schedule.program[where[s]][pos])
-        for p, part in enumerate(PARTS)
-        for s in range(n)
-        for j in range(m)
-        if (pos := done[p * nm + s * m + j]) >= 0
-    }
+    return done
 
 
-def _check_complete(
-    schedule: Schedule, done: dict[tuple[str, int, int], tuple[int, Action]]
-) -> None:
+def _check_complete(schedule: Schedule, done: list[int]) -> None:
     """Every (stage, microbatch) does each part of the work: F, then I and W (or B)."""
-    for s in range(schedule.num_stages):
+    n, m = schedule.num_stages, schedule.microbatches
+    nm = n * m
+    if min(done) >= 0:
+        return  # every part of every (stage, microbatch) was done: nothing to name
+    for s in range(n):
         rank = schedule.stage_to_rank[s]
-        end = [(rank, len(schedule.program[rank]))]
-        for j in range(schedule.microbatches):
-            missing = [p for p in PARTS if (p, s, j) not in done]
+        program = schedule.program[rank]
+        end = [(rank, len(program))]
+        for j in range(m):
+            at = {p: done[i * nm + s * m + j] for i, p in enumerate(PARTS)}
+            missing = [p for p in PARTS if at[p] < 0]
             if not missing:
                 continue
             if PARTS[0] in missing:
                 msg = f"rank {rank}: missing {s}{PARTS[0]}{j} (stage {s}, microbatch {j})"
                 raise _fail(schedule, msg, end)
-            present = [done[p, s, j] for p in PARTS[1:] if (p, s, j) in done]
+            present = [at[p] for p in PARTS[1:] if at[p] >= 0]
             alternatives = " or ".join(
                 f"{s}{k.letter}{j}" for k in KINDS.values() if set(k.parts) & set(missing)
             )
             if present:
-                pos, other = present[0]
+                pos = present[0]
                 raise _fail(
                     schedule,
-                    f"rank {rank}, position {pos}: {_where(other)} has no matching "
+                    f"rank {rank}, position {pos}: {_where(program[pos])} has no matching "
                     f"{alternatives}: the {_PART_NAME[missing[0]]} would never be computed",
                     [(rank, pos)],
                 )
