@@ -16,7 +16,10 @@ from torch import nn
 from zbkit.schedules import Costs, build_schedule
 
 WIDTH = 6
-ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto")
+ALL_SCHEDULES = (
+    "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
+    "looped-bfs", "interleaved-zb",
+)  # fmt: skip
 
 
 class TwoOut(torch.autograd.Function):

@@ -10,14 +10,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from zbkit.schedules import _build_fixed as fixed
+from zbkit.schedules import _build_looped as looped
 from zbkit.schedules._auto import PLACEMENTS, AutoSearch, search, zb_auto
-from zbkit.schedules.action import PARTS
+from zbkit.schedules.action import KINDS, PARTS
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
 
 __all__ = ["PLACEMENTS", "SCHEDULES", "AutoSearch", "build_schedule", "explain_auto"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto")
+SCHEDULES = (
+    "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
+    "looped-bfs", "interleaved-zb",
+)  # fmt: skip
 
 
 def _single(fn: Callable[[int, int], dict]) -> Callable[..., Schedule]:
@@ -39,6 +43,30 @@ def _interleaved(pp: int, m: int, name: str, stages_per_rank: int = 2) -> Schedu
     return Schedule(fixed.interleaved_1f1b(pp, m, v), [s % pp for s in range(v * pp)], m, name)
 
 
+def _stages_per_rank(name: str, v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name}: stages_per_rank must be an int >= 1, got {v!r}")
+    return v
+
+
+def _looped_bfs(pp: int, m: int, name: str, stages_per_rank: int = 2) -> Schedule:
+    v = _stages_per_rank(name, stages_per_rank)
+    return Schedule(looped.looped_bfs(pp, m, v), [s % pp for s in range(v * pp)], m, name)
+
+
+def _interleaved_zb(pp: int, m: int, name: str, stages_per_rank: int = 2) -> Schedule:
+    v = _stages_per_rank(name, stages_per_rank)
+    rounds, _ = looped.rounds_of(pp, m)
+    if m % rounds:
+        fits = [k for k in range(m - 1, 0, -1) if k % max(1, k // pp) == 0][0]
+        raise ValueError(
+            f"{name}: microbatches={m} must be a multiple of the number of rounds "
+            f"max(1, m // pp) = {rounds} (torch's ScheduleInterleavedZeroBubble sends "
+            f"microbatches in equal rounds); try {fits}"
+        )
+    return Schedule(looped.interleaved_zb(pp, m, v), [s % pp for s in range(v * pp)], m, name)
+
+
 def _zb_v(pp: int, m: int, name: str) -> Schedule:
     # stage s and stage 2p-1-s on rank s: down the ranks and back up, a V
     placement = [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
@@ -53,9 +81,16 @@ _BUILDERS: dict[str, Callable[..., Schedule]] = {
     "zb-h2": _single(fixed.zb_h2),
     "zb-v": _zb_v,
     "zb-auto": zb_auto,
+    "looped-bfs": _looped_bfs,
+    "interleaved-zb": _interleaved_zb,
 }
 # the options each builder takes (beyond pp and microbatches)
-_OPTIONS = {"interleaved-1f1b": ("stages_per_rank",), "zb-auto": ("placement",)}
+_OPTIONS = {
+    "interleaved-1f1b": ("stages_per_rank",),
+    "zb-auto": ("placement",),
+    "looped-bfs": ("stages_per_rank",),
+    "interleaved-zb": ("stages_per_rank",),
+}
 _ZB_V_IS_FIXED = (
     "zb-v is the paper's fixed ZB-V construction (peak memory = 1F1B's: 2p half-stage "
     "activations per rank); it takes no costs or memory_limit. To search V-shaped schedules "
@@ -83,10 +118,10 @@ def build_schedule(
 ) -> Schedule:
     """Build schedule `name` (one of `SCHEDULES`) for `pp` ranks and `microbatches`.
 
-    Options: `stages_per_rank` (interleaved-1f1b, default 2); `costs`, `memory_limit` (in
-    units of `Costs.mem_activation`) and `placement` ("linear" or "v") for zb-auto, the
-    only schedule that searches. zb-v is the paper's fixed construction; zb-auto with
-    placement="v" searches V-shaped schedules (see `explain_auto`).
+    Options: `stages_per_rank` (interleaved-1f1b, looped-bfs, interleaved-zb; default 2);
+    `costs`, `memory_limit` (in units of `Costs.mem_activation`) and `placement` ("linear"
+    or "v") for zb-auto, the only schedule that searches. zb-v is the paper's fixed
+    construction; zb-auto with placement="v" searches V-shaped schedules (see `explain_auto`).
     """
     _check(name, pp, microbatches)
     if name == "zb-auto":
@@ -128,21 +163,25 @@ def explain_auto(
 def check_counts(schedule: Schedule) -> None:
     """Builder invariant: on its own rank, each stage does every part of the work (F, I, W)
     m times: m F, and m B or m I and m W (the parts each kind does come from `KINDS`)."""
-    m = schedule.microbatches
-    counts: Counter = Counter()  # (stage, part) -> times done on the stage's own rank
+    m, where = schedule.microbatches, schedule.stage_to_rank
+    kinds: Counter = Counter()  # (stage, kind) -> actions (counted in C: 100k stay cheap)
     for rank, prog in schedule.program.items():
-        for a in prog:
-            if schedule.stage_to_rank[a.stage] != rank:
-                raise AssertionError(
-                    f"{schedule.name}: builder bug: {a} on rank {rank}, but stage {a.stage} "
-                    f"lives on rank {schedule.stage_to_rank[a.stage]}"
-                )
-            counts.update((a.stage, part) for part in a.info.parts)
-    for s, rank in enumerate(schedule.stage_to_rank):
+        wrong = next((a for a in prog if where[a.stage] != rank), None)
+        if wrong is not None:
+            raise AssertionError(
+                f"{schedule.name}: builder bug: {wrong} on rank {rank}, but stage "
+                f"{wrong.stage} lives on rank {where[wrong.stage]}"
+            )
+        kinds.update((a.stage, a.kind) for a in prog)
+    counts: Counter = Counter()  # (stage, part) -> times done
+    for (stage, kind), n in kinds.items():
+        for part in KINDS[kind].parts:
+            counts[stage, part] += n
+    for s, rank in enumerate(where):
         got = {part: counts[s, part] for part in PARTS}
         if any(n != m for n in got.values()):
-            kinds = Counter(a.kind for a in schedule.program[rank] if a.stage == s)
+            mine = {k: n for (st, k), n in kinds.items() if st == s}
             raise AssertionError(
                 f"{schedule.name}: builder bug: stage {s} on rank {rank} does the parts "
-                f"{got} (actions {dict(kinds)}), expected each of {', '.join(PARTS)} {m} times"
+                f"{got} (actions {mine}), expected each of {', '.join(PARTS)} {m} times"
             )
