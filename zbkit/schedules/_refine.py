@@ -20,16 +20,25 @@ A slip that repeats rank after rank (each stage's W overrunning I_j by a fractio
 millisecond) shows one rank per round: fixing the worst rank first leaves the longest
 span unchanged (the next rank's W now delays I_j by almost as much), so equal spans are
 kept as steps, and the gain appears once the whole chain is fixed.
+
+`best_sweep` (below) is the search that picks the construction's warm-up and W rule.
 """
 
 from __future__ import annotations
 
+import math
+
 from zbkit.schedules import _engine
+from zbkit.schedules._build_greedy import sweep
 from zbkit.schedules.action import KINDS, Action
 from zbkit.schedules.schedule import Schedule
 from zbkit.schedules.simulate import Costs
 
 _EPS = 1e-9
+# (fill, tail_fill) for `sweep`: a W goes into any gap / a gap half its size / only where it fits
+_FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]
+_REFINE_PASSES = 2
+_REFINED = 2  # W-filling rules whose best warm-up gets refined
 
 
 def _score(times: dict[int, list[tuple[float, float]]]) -> tuple[float, float]:
@@ -137,3 +146,84 @@ def defer_late_ws(
         if _better(trial_score, score):
             best, score = trial, trial_score
     return best
+
+
+# ---- the construction's warm-up, searched -------------------------------------------------
+
+
+def _warmups(p: int, m: int, costs: list[Costs], limit: float) -> list[list[int]]:
+    """Warm-up shapes to try: forwards per rank before its first I."""
+    # how many activations fit under the limit (I leaves mem_weight behind, W frees it)
+    cap = [m if c.memory("F") <= 0 else int((limit + 1e-9) // c.memory("F")) for c in costs]
+    # microbatch 0 alone: F goes down, I comes back up; rank r starts at f_start[r] and
+    # can run its I_0 at i_start[r], so (i_start - f_start) / F forwards fill the wait
+    f_start, t = [], 0.0
+    for s, c in enumerate(costs):
+        f_start.append(t + (c.comm if s else 0.0))
+        t = f_start[-1] + c.duration("F")
+    i_start, t = [0.0] * p, t
+    for s in reversed(range(p)):
+        i_start[s] = t + (costs[s].comm if s < p - 1 else 0.0)
+        t = i_start[s] + costs[s].duration("I")
+    fits = [(i_start[r] - f_start[r]) / max(costs[r].duration("F"), 1e-12) for r in range(p)]
+    shapes = [
+        [p - r for r in range(p)],  # 1F1B's (and ZB-H1's): p - r
+        [2 * (p - r) - 1 for r in range(p)],  # ZB-H2's: 2(p - r) - 1
+        [math.floor(f + 1e-9) for f in fits],  # fill the wait for I_0 without delaying it
+        [math.ceil(f - 1e-9) for f in fits],  # fill it without a gap (I_0 a little late)
+        cap,  # as many as memory allows
+    ]
+    unique: list[list[int]] = []
+    for shape in shapes:
+        w = [max(1, min(x, c, m)) for x, c in zip(shape, cap, strict=True)]
+        for r in range(1, p):  # rank r cannot be further ahead than rank r - 1
+            w[r] = min(w[r], w[r - 1])
+        if w not in unique:
+            unique.append(w)
+    return unique
+
+
+def best_sweep(costs: list[Costs], m: int, limit: float) -> dict[int, list[Action]] | None:
+    """`sweep` at its best warm-up and W-filling rule (None: no warm-up fits `limit`).
+
+    Tries each warm-up shape with each W-filling rule, then refines the best warm-up of the
+    two best rules: move one rank's warm-up by one while that helps (a local search;
+    different rules get stuck in different places).
+    """
+    pp = len(costs)
+    found: dict[tuple, float] = {}  # (warm-up, fill, tail_fill) -> cost
+
+    def attempt(w: list[int], fill: float, tail: float) -> float:
+        key = (tuple(w), fill, tail)
+        if key not in found:
+            try:
+                found[key] = sweep(costs, m, limit, w, fill, tail, actions=False)[1]
+            except ValueError:  # this warm-up does not fit the memory limit
+                found[key] = math.inf
+        return found[key]
+
+    for w in _warmups(pp, m, costs, limit):
+        for fill, tail in _FILLS:
+            attempt(w, fill, tail)
+    starts: dict[tuple, tuple] = {}
+    for key in sorted(found, key=found.get):
+        if found[key] < math.inf and key[1:] not in starts and len(starts) < _REFINED:
+            starts[key[1:]] = key
+    for w, fill, tail in starts.values():
+        w = list(w)
+        for _ in range(_REFINE_PASSES):
+            improved = False
+            for r in range(pp):
+                for step in (1, -1):
+                    trial = list(w)
+                    trial[r] += step
+                    ok = trial[r] >= 1 and (r == 0 or trial[r] <= trial[r - 1])
+                    ok = ok and (r == pp - 1 or trial[r + 1] <= trial[r])
+                    if ok and attempt(trial, fill, tail) < attempt(w, fill, tail) - 1e-9:
+                        w, improved = trial, True
+            if not improved:
+                break
+    best = min(found, key=found.get)
+    if found[best] == math.inf:
+        return None
+    return sweep(costs, m, limit, list(best[0]), best[1], best[2])[0]
