@@ -18,7 +18,7 @@ from zbkit.schedules import Costs, build_schedule
 WIDTH = 6
 ALL_SCHEDULES = (
     "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-    "looped-bfs", "interleaved-zb",
+    "looped-bfs", "interleaved-zb", "v-half", "v-min",
 )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules import _build_looped as looped
 from zbkit.schedules._auto import PLACEMENTS, AutoSearch, search, zb_auto
+from zbkit.schedules._build_v import v_schedule
 from zbkit.schedules.action import KINDS, PARTS
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
@@ -20,7 +21,7 @@ __all__ = ["PLACEMENTS", "SCHEDULES", "AutoSearch", "build_schedule", "explain_a
 
 SCHEDULES = (
     "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-    "looped-bfs", "interleaved-zb",
+    "looped-bfs", "interleaved-zb", "v-half", "v-min",
 )  # fmt: skip
 
 
@@ -67,10 +68,18 @@ def _interleaved_zb(pp: int, m: int, name: str, stages_per_rank: int = 2) -> Sch
     return Schedule(looped.interleaved_zb(pp, m, v), [s % pp for s in range(v * pp)], m, name)
 
 
-def _zb_v(pp: int, m: int, name: str) -> Schedule:
+def _v_placement(pp: int) -> list[int]:
     # stage s and stage 2p-1-s on rank s: down the ranks and back up, a V
-    placement = [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
-    return Schedule(fixed.zb_v(pp, m), placement, m, name)
+    return [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
+
+
+def _zb_v(pp: int, m: int, name: str) -> Schedule:
+    return Schedule(fixed.zb_v(pp, m), _v_placement(pp), m, name)
+
+
+def _v_controllable(pp: int, m: int, name: str) -> Schedule:
+    # V-Half / V-Min (Qi et al. 2024): ZB-V's placement, 1/2 or 1/3 of 1F1B's memory
+    return Schedule(v_schedule(pp, m, name), _v_placement(pp), m, name)
 
 
 _BUILDERS: dict[str, Callable[..., Schedule]] = {
@@ -83,6 +92,8 @@ _BUILDERS: dict[str, Callable[..., Schedule]] = {
     "zb-auto": zb_auto,
     "looped-bfs": _looped_bfs,
     "interleaved-zb": _interleaved_zb,
+    "v-half": _v_controllable,
+    "v-min": _v_controllable,
 }
 # the options each builder takes (beyond pp and microbatches)
 _OPTIONS = {
