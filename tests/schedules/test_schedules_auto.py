@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
+from zbkit.schedules import Costs, Schedule, _bounds, build_schedule, simulate, validate
 from zbkit.schedules._auto import CANDIDATES, Problem
 from zbkit.schedules._build_fixed import zb_v as zb_v_construction
-from zbkit.schedules._build_greedy import greedy, sweep
+from zbkit.schedules._build_greedy import Slower, greedy, sweep
 from zbkit.schedules._refine import defer_late_ws
 from zbkit.schedules.builders import explain_auto
 
@@ -271,6 +271,14 @@ def test_explain_auto_rows_are_what_simulate_measures(placement):
                 continue
             one = Schedule(t.candidate.build(problem), problem.stage_to_rank, m)
             sim = simulate(one, costs)
+            if t.note.startswith(("not run: ", "stopped: slower than ")):
+                # skipped, or given up half-way: built alone it is no faster than the winner
+                # (strictly slower when given up); its peak is not shown
+                assert t.span is None and t.peak is None
+                if max(sim.peak_memory) <= found.memory_limit + 1e-9:
+                    slack = -1e-9 if t.note.startswith("stopped") else 1e-9
+                    assert max(sim.span) >= fastest - slack, t.note
+                continue
             assert max(sim.peak_memory) == pytest.approx(t.peak, abs=1e-12)
             if t.note == "fits":
                 assert max(sim.peak_memory) <= found.memory_limit + 1e-9
@@ -303,6 +311,107 @@ def test_zb_v_is_the_paper_construction_and_zb_auto_v_searches_around_it():
         assert auto.bubble_rate < fixed.bubble_rate - 1e-3
     with pytest.raises(ValueError, match="no candidate fits memory_limit=1.5"):
         build_schedule("zb-auto", pp=4, microbatches=8, placement="v", memory_limit=1.5)
+
+
+def _rate(span, p, m, c, stages_per_rank=1):
+    work = stages_per_rank * m * (c.F + c.I + c.W)
+    return (span - work) / span
+
+
+@pytest.mark.parametrize("model,m", list(TABLE5))
+def test_lower_bounds_agree_with_the_bounds_written_here(model, m):
+    # two writings of the same bounds: zb-auto's (_bounds) and this file's (on bubble rates)
+    p, c = paper_costs(model, m)
+    for limit in (p * 1.0, 1.5 * p, 2 * p * 1.0):
+        assert _rate(_bounds.rank0(p, m, c, limit), p, m, c) == pytest.approx(
+            rank0_bound(p, m, c, limit), abs=1e-12
+        )
+    assert _rate(_bounds.last_stage(p, m, c), p, m, c) == pytest.approx(
+        last_stage_bound(p, m, c), abs=1e-12
+    )
+
+
+def test_no_candidate_beats_the_lower_bound():
+    # oracle: every candidate built on its own, and every hand-written schedule, simulated;
+    # none that fits the limit may be faster than the bound zb-auto trusts to stop early
+    rng = random.Random(2)
+    for trial in range(24):
+        placement = rng.choice(["linear", "v"])
+        p, m = rng.randint(2, 5), rng.randint(1, 12)
+        n = 2 * p if placement == "v" else p
+        one = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
+                    comm=rng.choice([0.0, rng.uniform(0, 0.3)]), mem_activation=1.0,
+                    mem_weight=rng.choice([0.0, rng.uniform(0, 0.6)]))  # fmt: skip
+        costs = [one] * n if trial % 3 else [one] * (n - 1) + [Costs(F=2.0, I=2.5, W=1.0)]
+        limit = rng.uniform(0.8, 2.2) * n
+        problem = Problem(p, m, costs, limit, placement)
+        bound = _bounds.lower_bound(problem.stage_to_rank, m, costs, limit, placement)
+        programs = []
+        for candidate in CANDIDATES[placement]:
+            try:
+                programs.append(candidate.build(problem))
+            except ValueError:
+                continue
+        if placement == "linear":
+            names = ["1f1b", "zb-h1", "zb-h2"]
+            programs += [build_schedule(name, pp=p, microbatches=m).program for name in names]
+        for program in programs:
+            sim = simulate(Schedule(program, problem.stage_to_rank, m), costs)
+            if max(sim.peak_memory) <= limit + 1e-9:
+                assert max(sim.span) >= bound - 1e-9, (trial, p, m, limit)
+
+
+@pytest.mark.parametrize("placement,costs", [("linear", Costs()), ("v", Costs()),
+                                             ("linear", paper_costs("1.5B", 24)[1])])  # fmt: skip
+def test_zb_auto_stops_when_a_hand_written_candidate_reaches_the_bound(placement, costs):
+    # equal costs (or the paper's times at p*M_B): ZB-H1 / the paper's V is optimal, so the
+    # rest are not run; each of them, built on its own, is indeed no faster (the simulator)
+    p, m = 8, 24
+    found = explain_auto(pp=p, microbatches=m, costs=costs, placement=placement)
+    winner = "ZB-H1" if placement == "linear" else "paper's ZB-V"
+    assert found.chosen.name == winner
+    skipped = [t for t in found.tried if t.candidate.name != winner]
+    assert all(t.note.startswith(f"not run: {winner} reaches the lower bound") for t in skipped)
+    assert f"not run: {winner} reaches the lower bound" in str(found)
+    chosen = simulate(found.schedule, costs)
+    problem = Problem(p, m, [costs] * len(found.schedule.stage_to_rank), found.memory_limit,
+                      placement)  # fmt: skip
+    for t in skipped:
+        try:
+            program = t.candidate.build(problem)
+        except ValueError:
+            continue
+        sim = simulate(Schedule(program, problem.stage_to_rank, m), costs)
+        if max(sim.peak_memory) <= found.memory_limit + 1e-9:
+            assert max(sim.span) >= max(chosen.span) - 1e-9, t.candidate.name
+
+
+def test_greedy_gives_up_exactly_when_it_would_end_slower():
+    # oracle: the greedy run to the end; with give_up just under its span it must stop,
+    # at its span it must build the same program
+    rng = random.Random(3)
+    for _ in range(12):
+        p, m = rng.randint(2, 5), rng.randint(2, 10)
+        v = rng.random() < 0.5
+        where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)] if v else list(range(p))
+        c = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
+                  comm=rng.uniform(0, 0.2), mem_weight=rng.uniform(0, 0.5))  # fmt: skip
+        limit, fill, hold = 2.0 * len(where), rng.choice([0.0, 0.5]), rng.choice([0.0, 1.0])
+        program = greedy(where, m, [c] * len(where), limit, fill, hold)
+        span = max(simulate(Schedule(program, where, m), c).span)
+        assert greedy(where, m, [c] * len(where), limit, fill, hold, give_up=span) == program
+        with pytest.raises(Slower):
+            greedy(where, m, [c] * len(where), limit, fill, hold, give_up=span - 1e-3)
+
+
+def test_zb_auto_hands_out_copies_of_what_it_remembers():
+    costs = Costs(F=1.0, I=1.3, W=0.6, comm=0.05, mem_weight=0.3)
+    first = build_schedule("zb-auto", pp=4, microbatches=8, costs=costs, memory_limit=6.0)
+    kept = {r: list(actions) for r, actions in first.program.items()}
+    first.program[0].clear()  # the caller's copy, not the remembered one
+    again = build_schedule("zb-auto", pp=4, microbatches=8, costs=costs, memory_limit=6.0)
+    assert again.program == kept
+    validate(again)
 
 
 def main() -> None:

@@ -1,10 +1,13 @@
 """zb-auto: the fastest of a list of named candidate schedules that fits a memory limit.
 
 Each placement has its list of candidates (`CANDIDATES`), each with a one-line reason it is
-there. zb-auto builds every candidate for the costs and the limit it is given, drops those
+there. zb-auto builds each candidate for the costs and the limit it is given, drops those
 that go over the limit, times the rest with the simulator's engine and keeps the fastest
-(longest rank span, then peak memory, then the list's order). `explain_auto` returns the
-whole table: which candidate won, and what each one scored or why it was left out.
+(longest rank span, then peak memory, then the list's order). The hand-written ones are
+timed first: when one reaches a lower bound (`_bounds`: no schedule under the limit is
+faster) the search stops there, and a greedy gives up once it must end slower than the
+best so far. `explain_auto` returns the whole table: which candidate won, and what each
+one scored or why it was left out ("not run: ZB-H1 reaches the lower bound ...").
 
 - `placement="linear"` (default; stage s on rank s, limit p * M_B by default): the paper's
   microbatch-by-microbatch construction (`sweep`) for a few warm-up shapes and W-filling
@@ -20,12 +23,14 @@ whole table: which candidate won, and what each one scored or why it was left ou
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules import _engine
-from zbkit.schedules._build_greedy import greedy
+from zbkit.schedules._bounds import lower_bound
+from zbkit.schedules._build_greedy import Slower, greedy
 from zbkit.schedules._refine import best_sweep, defer_late_ws
 from zbkit.schedules.action import KINDS, Action
 from zbkit.schedules.costs import Costs
@@ -48,6 +53,7 @@ class Problem:
     limit: float  # peak memory per rank, in the units of Costs.mem_activation
     placement: str  # "linear" or "v"
     memo: dict = field(default_factory=dict)  # work shared between candidates (one search)
+    beat: float = math.inf  # the best span so far: a builder may give up (`Slower`) above it
 
     @property
     def stage_to_rank(self) -> list[int]:
@@ -61,6 +67,7 @@ class Candidate:
     name: str
     reason: str  # one line: where it wins, or what it guarantees
     build: Callable[[Problem], Program]  # raises ValueError if it cannot meet the limit
+    handwritten: bool = False  # cheap: timed first, it may prove the others need not run
 
 
 @dataclass(frozen=True)
@@ -119,13 +126,18 @@ def _deferred(problem: Problem) -> Program:
 
 def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
     def build(problem: Problem) -> Program:
-        return greedy(problem.stage_to_rank, problem.m, problem.costs, problem.limit, fill, hold)
+        where, m, limit = problem.stage_to_rank, problem.m, problem.limit
+        return greedy(where, m, problem.costs, limit, fill, hold, give_up=problem.beat)
 
     return build
 
 
 def _fixed(fn: Callable[[int, int], Program]) -> Callable[[Problem], Program]:
     return lambda problem: fn(problem.pp, problem.m)
+
+
+_KEPT = 16  # searches remembered (by their arguments), the oldest forgotten first
+_RECENT: dict[tuple, AutoSearch] = {}
 
 
 # Each reason says where the candidate was strictly the fastest (or ties, then what it
@@ -162,11 +174,13 @@ _LINEAR = [
         "ZB-H1",
         "hand-written, 1F1B's memory: fastest at p*M_B when I > F; never worse",
         _fixed(fixed.zb_h1),
+        handwritten=True,
     ),
     Candidate(
         "ZB-H2",
         "hand-written: a guarantee only (zb-auto is never worse where it fits)",
         _fixed(fixed.zb_h2),
+        handwritten=True,
     ),
 ]
 _V = [
@@ -174,6 +188,7 @@ _V = [
         "paper's ZB-V",
         "build_schedule('zb-v'): wins ties, usually fastest at the 2p default",
         _fixed(fixed.zb_v),
+        handwritten=True,
     ),
     Candidate(
         "greedy fill=0 hold=0", "a W fills any gap: the usual winner above 2p", _greedy(0.0, 0.0)
@@ -223,11 +238,14 @@ def search(
     memory_limit: float | None = None,
     placement: str = "linear",
 ) -> AutoSearch:
-    """Build every candidate of `placement`, keep the fastest under `memory_limit`.
+    """The fastest candidate of `placement` under `memory_limit` (module docstring).
 
-    Candidates are timed with the simulator's engine alone (no validation, no summary:
-    this runs for every candidate); only the winner is validated, the next one taken if
-    it fails (a hand-written pattern that does not fit these sizes).
+    Hand-written candidates are timed first; once the best so far reaches `lower_bound`
+    the others are not run (no schedule can be faster). A greedy gives up as soon as it is
+    sure to end slower than the best so far. Candidates are timed with the simulator's
+    engine alone; only the winner is validated, the next one taken if it fails (a
+    hand-written pattern that does not fit these sizes). The last few results are kept:
+    the same question again (a slider moved back) is answered at once.
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"{name}: placement must be one of {PLACEMENTS}, got {placement!r}")
@@ -238,18 +256,44 @@ def search(
         memory_limit = stages * max(c.mem_activation for c in per_stage)
     if not isinstance(memory_limit, int | float) or memory_limit <= 0:
         raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
-    problem = Problem(pp, m, per_stage, memory_limit, placement)
-    durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage) for k in KINDS}
-    delta = {(s, k): c.memory(k) for s, c in enumerate(per_stage) for k in KINDS}
-    comm = [c.comm for c in per_stage]
+    key = (pp, m, name, tuple(per_stage), float(memory_limit), placement)
+    if key not in _RECENT:
+        _RECENT[key] = _search(Problem(pp, m, per_stage, memory_limit, placement), name)
+        while len(_RECENT) > _KEPT:
+            _RECENT.pop(next(iter(_RECENT)))  # the oldest
+    _RECENT[key] = found = _RECENT.pop(key)  # now the newest
+    # a copy: the caller may edit its schedule, the kept one must stay as found
+    program = {r: list(actions) for r, actions in found.schedule.program.items()}
+    copy = Schedule(program, list(found.schedule.stage_to_rank), m, name)
+    return replace(found, schedule=copy, tried=list(found.tried))
 
-    tried: list[Tried] = []
-    scored = []
-    for index, candidate in enumerate(CANDIDATES[placement]):
+
+def _search(problem: Problem, name: str) -> AutoSearch:
+    candidates = CANDIDATES[problem.placement]
+    where, m, limit = problem.stage_to_rank, problem.m, problem.limit
+    bound = lower_bound(where, m, problem.costs, limit, problem.placement)
+    reached = bound + 1e-9 * max(1.0, bound)  # a span this short is optimal
+    durations = {(s, k): c.duration(k) for s, c in enumerate(problem.costs) for k in KINDS}
+    delta = {(s, k): c.memory(k) for s, c in enumerate(problem.costs) for k in KINDS}
+    comm = [c.comm for c in problem.costs]
+
+    rows: dict[int, Tried] = {}
+    scored: list[tuple[float, float, int, Schedule]] = []  # (span, peak, index, schedule)
+    proof = None  # why the candidates not yet run need not be
+    for i in sorted(range(len(candidates)), key=lambda i: not candidates[i].handwritten):
+        candidate = candidates[i]
+        if proof:
+            rows[i] = Tried(candidate, None, None, f"not run: {proof}")
+            continue
+        problem.beat = min(scored)[0] if scored else math.inf
         try:
-            schedule = Schedule(candidate.build(problem), problem.stage_to_rank, m, name)
+            schedule = Schedule(candidate.build(problem), where, m, name)
         except ValueError as err:  # it cannot meet this limit: say why in the table
-            tried.append(Tried(candidate, None, None, f"cannot build: {err}"))
+            rows[i] = Tried(candidate, None, None, f"cannot build: {err}")
+            continue
+        except Slower as err:
+            best = candidates[min(scored)[2]].name
+            rows[i] = Tried(candidate, None, None, f"stopped: slower than {best} ({err})")
             continue
         peak = 0.0
         for actions in schedule.program.values():
@@ -257,26 +301,34 @@ def search(
             for a in actions:
                 held += delta[a.stage, a.kind]
                 peak = max(peak, held)
-        if peak > memory_limit + 1e-9:
-            tried.append(Tried(candidate, None, peak, "over the limit"))
+        if peak > limit + 1e-9:
+            rows[i] = Tried(candidate, None, peak, "over the limit")
             continue
         try:
             times = _engine.run(schedule, durations, comm)
         except (_engine.Stuck, IndexError, KeyError) as err:  # not for these sizes
-            tried.append(Tried(candidate, None, peak, f"cannot run: {type(err).__name__}"))
+            rows[i] = Tried(candidate, None, peak, f"cannot run: {type(err).__name__}")
             continue
         span = max(t[-1][1] - t[0][0] for t in times.values() if t)
-        tried.append(Tried(candidate, span, peak, "fits"))
-        scored.append((span, peak, index, len(tried) - 1, schedule))
-    for *_, row, schedule in sorted(scored, key=lambda x: x[:3]):
-        try:
-            validate(schedule)
-        except ScheduleError:
-            tried[row] = Tried(tried[row].candidate, None, tried[row].peak, "invalid")
-            continue
-        return AutoSearch(schedule, tried[row].candidate, tried, memory_limit, placement)
+        rows[i] = Tried(candidate, span, peak, "fits")
+        scored.append((span, peak, i, schedule))
+        if span <= reached and _valid(schedule):
+            proof = f"{candidate.name} reaches the lower bound {bound:.6g}"
+    tried = [rows[i] for i in range(len(candidates))]
+    for _, _, i, schedule in sorted(scored, key=lambda x: x[:3]):
+        if proof or _valid(schedule):  # a proven one was validated already
+            return AutoSearch(schedule, candidates[i], tried, limit, problem.placement)
+        tried[i] = Tried(candidates[i], None, tried[i].peak, "invalid")
     why = "\n".join(f"  {t.candidate.name}: {t.note}" for t in tried)
-    raise ValueError(f"{name}: no candidate fits memory_limit={memory_limit:g}:\n{why}")
+    raise ValueError(f"{name}: no candidate fits memory_limit={limit:g}:\n{why}")
+
+
+def _valid(schedule: Schedule) -> bool:
+    try:
+        validate(schedule)
+    except ScheduleError:
+        return False
+    return True
 
 
 def zb_auto(

@@ -20,6 +20,7 @@ arrives and puts Ws into the gaps that leaves (see its docstring).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 from zbkit.schedules.action import Action
@@ -27,6 +28,10 @@ from zbkit.schedules.simulate import Costs
 
 _EPS = 1e-9
 SPLIT = ("F", "I", "W")  # the kinds these schedulers emit: the backward split, never a B
+
+
+class Slower(Exception):
+    """`greedy` gave up: a rank's span is sure to exceed `give_up` (the message says how)."""
 
 
 def _tables(costs: list[Costs]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
@@ -45,7 +50,9 @@ def greedy(
     memory_limit: float,
     fill: float = 0.0,
     hold: float = 0.0,
+    give_up: float = math.inf,
 ) -> dict[int, list[Action]]:
+    """The policy above; raises `Slower` once some rank's span must exceed `give_up`."""
     n = len(stage_to_rank)
     p = max(stage_to_rank) + 1
     last = n - 1
@@ -69,6 +76,14 @@ def greedy(
     free = [0.0] * p
     held = [0.0] * p
     left = len(SPLIT) * n * m
+    # a rank's span is its work plus its idle time, and idle time only grows: once that sum
+    # passes `give_up` the schedule cannot win, whatever follows (idle = start - first - busy)
+    work = [0.0] * p
+    for s, r in enumerate(stage_to_rank):
+        work[r] += m * sum(dur[s].values())
+    first: list[float | None] = [None] * p
+    busy = [0.0] * p
+    give_up += 1e-9 * max(1.0, give_up) if give_up < math.inf else 0.0
     times: list[float] = [0.0]
 
     def arrive(t: float, src: int, dst: int) -> float:
@@ -84,7 +99,13 @@ def greedy(
 
     def run(r: int, a: Action, t: float) -> None:
         nonlocal left
+        if first[r] is None:
+            first[r] = t
+        elif work[r] + t - first[r] - busy[r] > give_up:
+            idle = t - first[r] - busy[r]
+            raise Slower(f"rank {r}: work {work[r]:.6g} + idle {idle:.6g} by t={t:.6g}")
         end = t + dur[a.stage][a.kind]
+        busy[r] += end - t
         program[r].append(a)
         free[r] = end
         held[r] += mem[a.stage][a.kind]

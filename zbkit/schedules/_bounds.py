@@ -1,0 +1,83 @@
+"""Lower bounds on the longest rank span: no schedule under the memory limit does better.
+
+zb-auto times its hand-written candidates first; when one of them reaches `lower_bound`
+it is optimal for these costs and this limit, so the search stops there (the other rows
+of `explain_auto` say "not run: ... reaches the lower bound").
+
+Three bounds, each on some rank's span (first start to last end), so on the longest one:
+  - busy: a rank cannot finish before it has done all its work (any costs, any placement);
+  - rank 0, one stage per rank (`rank0`): idle time rank 0 cannot avoid at the start
+    (waiting for microbatch 0's input gradient with at most `limit // M_B` forwards to run)
+    and at the end (a round trip for the last input gradient, filled only with what it owes),
+    both if it has more forwards than fit before the first I, else the longer one;
+  - the last stage (`last_stage`): rank 0 starts, the last rank gets its first input
+    (p-1)(F + comm) later, runs m F and m I, and its last I goes back up to rank 0, which
+    still owes that microbatch's W;
+  - rank 0 of the V (`v_start`): before the first forward of its second stage arrives,
+    (2p-1) F and (2p-2) comm after its first F, rank 0 can only run first-stage forwards.
+The last three assume every stage costs the same (else only the busy bound is used).
+"""
+
+from __future__ import annotations
+
+from zbkit.schedules.costs import Costs
+
+
+def busy(stage_to_rank: list[int], m: int, costs: list[Costs]) -> float:
+    """The busiest rank's work: m times F + I + W of each of its stages."""
+    work = [0.0] * (max(stage_to_rank) + 1)
+    for s, r in enumerate(stage_to_rank):
+        work[r] += m * (costs[s].F + costs[s].I + costs[s].W)
+    return max(work)
+
+
+def _forwards_held(limit: float, c: Costs, m: int) -> int:
+    """How many activations fit under `limit` (all of them if an F holds nothing)."""
+    if c.mem_activation <= 0:
+        return m
+    return max(0, min(m, int((limit + 1e-9) // c.mem_activation)))
+
+
+def rank0(p: int, m: int, c: Costs, limit: float) -> float:
+    """Rank 0's span, one stage per rank: its work plus the idle time it cannot avoid."""
+    k0 = _forwards_held(limit, c, m)
+    first_i = p * c.F + (p - 1) * (c.I + 2 * c.comm)  # microbatch 0 down and back
+    start_idle = max(0.0, first_i - k0 * c.F)
+    # after its last F (holding r activations), rank 0 waits a round trip for the last
+    # input gradient and fills it with r - 1 I's and the Ws still owed (`owed` deferred)
+    trip = (p - 1) * (c.F + c.I + 2 * c.comm)
+    fill = 0.0
+    for r in range(1, k0 + 1):
+        room = limit + 1e-9 - r * c.mem_activation
+        owed = m - r if c.mem_weight <= 0 else min(m - r, int(room // c.mem_weight))
+        fill = max(fill, (r - 1) * c.I + (r - 1 + owed) * c.W)
+    end_idle = max(0.0, trip - fill)
+    if m <= k0:  # all forwards may run before the first I: the two waits may be one
+        return m * (c.F + c.I + c.W) + max(start_idle, end_idle)
+    return m * (c.F + c.I + c.W) + start_idle + end_idle
+
+
+def last_stage(p: int, m: int, c: Costs) -> float:
+    """Rank 0's span, one stage per rank, through the last stage's m F and m I."""
+    return (p - 1) * (c.F + c.comm) + m * (c.F + c.I) + (p - 1) * (c.comm + c.I) + c.W
+
+
+def v_start(p: int, m: int, c: Costs, limit: float) -> float:
+    """Rank 0's span in the V: its work plus the wait for its second stage's first input."""
+    arrives = (2 * p - 1) * c.F + (2 * p - 2) * c.comm
+    # the second stage's forward needs room for one more activation
+    ahead = _forwards_held(limit - c.mem_activation, c, m)
+    return 2 * m * (c.F + c.I + c.W) + max(0.0, arrives - ahead * c.F)
+
+
+def lower_bound(
+    stage_to_rank: list[int], m: int, costs: list[Costs], limit: float, placement: str
+) -> float:
+    """The best of the bounds above that apply to this placement and these costs."""
+    bound = busy(stage_to_rank, m, costs)
+    if any(c != costs[0] for c in costs):
+        return bound
+    p, c = max(stage_to_rank) + 1, costs[0]
+    if placement == "v":
+        return max(bound, v_start(p, m, c, limit))
+    return max(bound, rank0(p, m, c, limit), last_stage(p, m, c))
