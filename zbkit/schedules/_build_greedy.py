@@ -84,7 +84,17 @@ def greedy(
     first: list[float | None] = [None] * p
     busy = [0.0] * p
     give_up += 1e-9 * max(1.0, give_up) if give_up < math.inf else 0.0
-    times: list[float] = [0.0]
+    # (when, rank): a rank is looked at only when something it may wait for happens (its
+    # own action ends, an input arrives, an I becomes ready); in between it would decide
+    # the same as before. Ranks woken at the same time decide in rank order.
+    times: list[tuple[float, int]] = [(0.0, r) for r in range(p)]
+    now: list[int] = []  # ranks still to decide at time `t`, a heap
+    t = 0.0
+
+    def wake(when: float, r: int) -> None:
+        heapq.heappush(times, (when, r))
+        if when <= t + _EPS and now and r > now[0] and r not in now:
+            heapq.heappush(now, r)  # woken for the current time by a zero-length action
 
     def arrive(t: float, src: int, dst: int) -> float:
         return t + (costs[src].comm if stage_to_rank[src] != stage_to_rank[dst] else 0.0)
@@ -95,7 +105,7 @@ def greedy(
             return
         ready = f_end[s][j] if s == last else max(f_end[s][j], arrive(x_end[s + 1][j], s + 1, s))
         heapq.heappush(ready_i[stage_to_rank[s]], (ready, j, -s))
-        heapq.heappush(times, ready)
+        wake(ready, stage_to_rank[s])
 
     def run(r: int, a: Action, t: float) -> None:
         nonlocal left
@@ -110,12 +120,12 @@ def greedy(
         free[r] = end
         held[r] += mem[a.stage][a.kind]
         left -= 1
-        heapq.heappush(times, end)
+        wake(end, r)
         s, j = a.stage, a.microbatch
         if a.kind == "F":
             f_end[s][j] = end
             if s < last:
-                heapq.heappush(times, arrive(end, s, s + 1))
+                wake(arrive(end, s, s + 1), stage_to_rank[s + 1])
             offer_i(s, j)
         elif a.kind == "I":
             x_end[s][j] = end
@@ -157,12 +167,18 @@ def greedy(
             return run(r, Action(s, "W", j), t)
 
     while left and times:
-        t = heapq.heappop(times)
-        while times and times[0] <= t + _EPS:
-            heapq.heappop(times)
-        for r in range(p):
+        t, r = heapq.heappop(times)
+        now.append(r)
+        while times and times[0][0] <= t + _EPS:
+            r = heapq.heappop(times)[1]
+            if r not in now:
+                now.append(r)
+        heapq.heapify(now)
+        while now:
+            r = now[0]  # stays in `now` while it decides: `wake` adds only later ranks
             if free[r] <= t + _EPS:
                 decide(r, t)
+            heapq.heappop(now)
     if left:
         raise ValueError(
             f"memory_limit={memory_limit:g} is too small to finish: a rank cannot run its next "
