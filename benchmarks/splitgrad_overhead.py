@@ -41,8 +41,7 @@ What earlier ideas bought (2-core shared machine, +-10% noise):
   plain backward makes it; W no longer keeps the node's incoming gradient.
 - A Linear's bias gradient reduced right after its node runs in W, so the
   captured (N x 4d) gradient it aliases is freed then, not after the last group.
-- Caching the analysis per graph structure: not built; the analysis is ~2 ms
-  on `small` and a sound structural key needs a walk over every node (~0.8 ms).
+- Caching the analysis per graph structure (_plan): see the last entry.
 - Where the compute-bound models' extra time went: not the ops (each matmul
   runs once, as in plain), but first-touch page faults of the gradients held
   from I to W while plain backward reuses memory as it goes (`--keep-heap`
@@ -61,6 +60,30 @@ What earlier ideas bought (2-core shared machine, +-10% noise):
   ~2.9 ms for the same shapes inside plain backward (their inputs are cache-cold
   by W: same flops, 44 us vs 31 us each), the engine delivery ~1.5 ms, the
   freeing ~1.4 ms.
+- The analysis cached per graph structure (_plan), parameter slots left alone
+  when freeing (_free), a leaner replay loop. One walk gives the exact key
+  (~0.6 ms on a fresh `small` graph, most of it Python objects for the graph's
+  nodes, which any walk pays); binding the plan to the new graph ~0.3 ms,
+  against ~2.2 ms for the analysis it replaces. `small` I+W / plain, three
+  interleaved runs each of the previous commit and this one (each importing its
+  own checkout): 1.68 / 1.89 / 1.85x -> 1.75 / 1.73 / 1.74x; zbkit / torch
+  0.49-0.51x -> 0.46x (the steadier figure: both share the machine's load).
+  Paired in one process against the previous commit: I+W 0.93-0.96x. The
+  compute-bound models did not move (their overhead is not Python). Not reached:
+  `small` <= 1.5x. What is left (plain ~8.5 ms): I's engine pass ~5 ms, W's
+  weight halves ~2.4-4 ms (cold inputs), the delivery into `.grad` ~1-1.6 ms
+  (288 edges through one engine call, ~3.5 us each; assigning `.grad` directly
+  is 30x cheaper but would skip hooks registered on AccumulateGrad nodes, DDP's
+  among them, which Python cannot list, so it is not exact and not taken),
+  freeing ~1.2 ms (a stated target: what only I needs goes when I ends, each
+  group's saved tensors during W; ~2 us per slot, most of it the free itself),
+  walk and binding ~0.9 ms, prehooks and per-group objects ~0.7 ms.
+- Compute-bound models: user CPU time alone is 1.00-1.06x plain; the rest of
+  process time is first-touch page faults (thousands per backward on
+  transformer and residual, ~0 for plain) from gradients held between I and W
+  while glibc hands freed memory back to the kernel; torch's split pays the
+  same. `--keep-heap` removes them; a library should not change malloc for
+  the whole process, so zbkit does not.
 """
 
 from __future__ import annotations

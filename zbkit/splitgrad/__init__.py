@@ -2,8 +2,9 @@
 
 Pure torch, no distributed code. Where to start reading: _groups.py (what the
 analysis finds), _backward.py (I), _weight.py (W, the reference path); _fast.py
-holds the optional fast paths and the check that guards them. See
-docs/architecture.md, section splitgrad.
+holds the optional fast paths and the check that guards them, with _free.py
+(freeing saved tensors early) and _plan.py (the analysis cached per graph
+structure). See docs/architecture.md, section splitgrad.
 """
 
 from zbkit.splitgrad._backward import (

@@ -9,7 +9,9 @@
 
 Where the fast paths may be used (see _fast), a normalisation node (LayerNorm,
 GroupNorm) whose parameters only it uses gets its weight gradients in I, from
-the same kernel call as its input gradient; W then only adds them into `.grad`.
+the same kernel call as its input gradient; W then only adds them into `.grad`;
+and the analysis (reverse graph, closure, groups) is made once per graph
+structure and reused by position for every later graph of that shape (_plan).
 
 After I then W every `.grad` equals what one `torch.autograd.backward` gives.
 """
