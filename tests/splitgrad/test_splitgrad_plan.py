@@ -6,6 +6,7 @@ must match plain autograd when the structure changes between microbatches.
 """
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -227,3 +228,34 @@ def test_the_reference_path_does_not_use_the_cache():
     with reference_weight_pass():
         _split_then_plain(torch.tanh(x @ m.p0) @ m.p1, [x], [m.p0, m.p1], torch.ones(2, F, dtype=D))
     assert (_plan.PLANS.misses, _plan.PLANS.hits, len(_plan.PLANS.plans)) == (0, 0, 0)
+
+
+def test_threads_sharing_a_small_cache_stay_exact(monkeypatch):
+    # four stages in four threads, four structures, room for two plans: misses,
+    # evictions and hits interleave; every thread's gradients must stay plain autograd's
+    require_fast_paths()
+    monkeypatch.setattr(_plan.PLANS, "maxsize", 2)
+    errors = []
+
+    def stage(depth: int) -> None:
+        try:
+            torch.manual_seed(depth)
+            m = _params()
+            for _ in range(15):
+                x = x_(2, F)
+                h = x @ m.p0
+                for _ in range(depth):
+                    h = torch.tanh(h) @ m.p1
+                got, want = _split_then_plain(h, [x], [m.p0, m.p1], torch.ones(2, F, dtype=D))
+                for a, b in zip(got, want, strict=True):
+                    torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+        except Exception as exc:  # reported by the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stage, args=(depth,)) for depth in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(_plan.PLANS.plans) <= 2 and _plan.PLANS.misses >= 4

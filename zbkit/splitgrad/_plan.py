@@ -24,6 +24,7 @@ hooks are checked per call (`_fast.eager_edges`).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -127,10 +128,28 @@ class PlanCache:
         self.maxsize = maxsize
         self.plans: OrderedDict[tuple, StagePlan] = OrderedDict()
         self.hits = self.misses = 0
+        self._lock = threading.Lock()  # stages may run I in several threads of one process
+
+    def get(self, key: tuple) -> StagePlan | None:
+        with self._lock:
+            plan = self.plans.get(key)
+            if plan is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self.plans.move_to_end(key)
+            return plan
+
+    def put(self, key: tuple, plan: StagePlan) -> None:
+        with self._lock:
+            self.plans[key] = plan
+            while len(self.plans) > self.maxsize:
+                self.plans.popitem(last=False)
 
     def clear(self) -> None:
-        self.plans.clear()
-        self.hits = self.misses = 0
+        with self._lock:
+            self.plans.clear()
+            self.hits = self.misses = 0
 
 
 PLANS = PlanCache(MAX_PLANS)
@@ -185,16 +204,10 @@ def analyse_cached(
         tuple(weight_pos),
         tuple(pos[n] for n in output_nodes),
     )
-    plan = PLANS.plans.get(full_key)
+    plan = PLANS.get(full_key)
     if plan is None:
-        PLANS.misses += 1
         plan = _make_plan(output_nodes, input_nodes, weights, pos, tuple(weight_pos))
-        PLANS.plans[full_key] = plan
-        if len(PLANS.plans) > PLANS.maxsize:
-            PLANS.plans.popitem(last=False)
-    else:
-        PLANS.hits += 1
-        PLANS.plans.move_to_end(full_key)
+        PLANS.put(full_key, plan)
     at = nodes.__getitem__  # position -> this graph's node
     groups = [
         ParamGroup(
