@@ -157,6 +157,19 @@ class P2P:
         ``isend`` costs.
         """
         route = self._sends.get(comm)
+        if route is not None and len(route[0]) == 1 == len(tensors) and not self.batched:
+            # one tensor (the common case), in as few Python steps as possible: a small hop
+            # is a few tens of microseconds, and every step here showed in it
+            t = tensors.get(route[0][0])
+            if (
+                t is not None
+                and t.shape == route[1][0]
+                and t.dtype == route[2][0]
+                and t.requires_grad == route[3][0]
+                and t.is_contiguous()
+            ):
+                self._pending.append(([self._pg.send([t], comm.peer, route[4][0])], comm, t))
+                return
         if route is not None and len(tensors) == len(route[0]):
             names, shapes, dtypes, grads, tags, peer = route
             data = []
@@ -211,6 +224,14 @@ class P2P:
         """
         route = self._recvs.get(comm) or self._recv_route(comm)
         names, bufs, floats, grads, tags, peer = route
+        if len(bufs) == 1 and not self.batched:  # one tensor: as few steps as possible
+            work = self._pg.recv(bufs, comm.peer, tags[0])
+            try:
+                work.wait(self._wait_for)
+            except RuntimeError as exc:
+                raise self._timeout(comm, exc) from exc
+            b = bufs[0].detach()
+            return {names[0]: b.requires_grad_(grads[0]) if floats[0] else b}
         if self.batched:
             works = self._post(CommOp.RECV, comm, bufs, tags)
         else:  # the group's own receive, as for sends
@@ -287,11 +308,14 @@ class P2P:
             try:
                 work.wait(self._wait_for)
             except RuntimeError as exc:
-                raise CommTimeout(
-                    f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
-                    f"{comm.peer} may have failed (see its error), be stuck earlier in its "
-                    f"program, or run another schedule. [{str(exc).strip()[-160:]}]"
-                ) from exc
+                raise self._timeout(comm, exc) from exc
+
+    def _timeout(self, comm: Comm, exc: Exception) -> CommTimeout:
+        return CommTimeout(
+            f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
+            f"{comm.peer} may have failed (see its error), be stuck earlier in its "
+            f"program, or run another schedule. [{str(exc).strip()[-160:]}]"
+        )
 
     def finish(self) -> None:
         """End of step: every posted send has completed (nothing pending on the wire)."""
