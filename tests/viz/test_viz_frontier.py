@@ -1,0 +1,135 @@
+"""plot_frontier: every point drawn is its schedule's simulation, the frontier is exactly the
+non-dominated points, what cannot be built is said, bad input is refused.
+
+Oracles: `simulate(build_schedule(...), costs)` for each point (read back from the artists by
+gid), closed forms for two of them (1F1B's busiest rank holds p activations; ZB-V's 2p chunk
+activations are p whole-rank ones), and a brute-force Pareto check written here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.viz import plot_frontier
+
+PP, M = 4, 8
+COSTS = Costs(F=1, I=1, W=0.5, mem_activation=1.0, mem_weight=0.3)  # notebook 04's
+LIMITS = [2, 3, 4, 5, 6, 8]
+
+
+def _points(fig) -> dict[str, tuple[float, float]]:
+    """gid -> (x, y) of every plotted point (one artist per point, gid 'point:...')."""
+    out = {}
+    for line in fig.axes[0].get_lines():
+        gid = line.get_gid() or ""
+        if gid.startswith("point:"):
+            (x, y), *rest = line.get_xydata()
+            assert not rest, f"{gid}: one point per artist"
+            out[gid.removeprefix("point:")] = (float(x), float(y))
+    return out
+
+
+def _measured(name: str, **options) -> tuple[float, float]:
+    schedule = build_schedule(name, pp=PP, microbatches=M, **options)
+    sim = simulate(schedule, COSTS)
+    return max(sim.peak_memory) / schedule.stages_per_rank, sim.bubble_rate
+
+
+@pytest.fixture(scope="module")
+def fig():
+    return plot_frontier(PP, M, COSTS, memory_limits=LIMITS)
+
+
+def test_each_point_is_its_schedules_simulation(fig):
+    drawn = _points(fig)
+    want = {name: _measured(name) for name in SCHEDULES if name != "zb-auto"}
+    for placement in ("linear", "v"):
+        # the search's limit is per chunk: a rank's limit times the placement's chunks per rank
+        chunks = build_schedule(
+            "zb-auto", pp=PP, microbatches=M, costs=COSTS, placement=placement
+        ).stages_per_rank
+        for limit in LIMITS:
+            options = dict(costs=COSTS, memory_limit=limit * chunks, placement=placement)
+            want[f"zb-auto ({placement})@{limit:g}"] = _measured("zb-auto", **options)
+    assert drawn.keys() == want.keys()
+    for key, (x, y) in want.items():
+        assert drawn[key] == pytest.approx((x, y), abs=1e-12), key
+    # closed forms, in whole-rank units: 1F1B's rank 0 holds p; ZB-V 2p chunks = p ranks' worth
+    assert drawn["1f1b"][0] == pytest.approx(PP) and drawn["zb-v"][0] == pytest.approx(PP)
+    assert drawn["gpipe"][0] == pytest.approx(M)
+    # the same numbers in fig.points, for a reader who wants them without the picture
+    assert {p.label if p.limit is None else f"{p.label}@{p.limit:g}" for p in fig.points} == set(
+        want
+    )
+
+
+def test_frontier_marks_exactly_the_non_dominated_points(fig):
+    drawn = list(_points(fig).values())
+
+    def dominated(a):
+        return any(b[0] <= a[0] and b[1] <= a[1] and (b[0] < a[0] or b[1] < a[1]) for b in drawn)
+
+    want = sorted({(round(x, 9), round(y, 9)) for x, y in drawn if not dominated((x, y))})
+    ring = next(line for line in fig.axes[0].get_lines() if line.get_gid() == "frontier")
+    got = sorted((round(float(x), 9), round(float(y), 9)) for x, y in ring.get_xydata())
+    assert got == want
+    assert len(want) >= 2  # a trade-off, not a single best point
+    # gpipe holds m with 1F1B's bubble: 1F1B (p, same bubble) beats it
+    assert _points(fig)["gpipe"] not in want
+    assert fig.points and all(
+        p.on_frontier == ((round(p.memory, 9), round(p.bubble, 9)) in want) for p in fig.points
+    )
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "Pareto frontier" in legend[-1]
+
+
+def test_a_schedule_that_cannot_be_built_is_reported_not_dropped():
+    # interleaved-1f1b needs microbatches a multiple of pp; 6 is not one of 4
+    fig = plot_frontier(4, 6, COSTS, memory_limits=[0.5, 4])
+    assert "interleaved-1f1b" not in _points(fig)
+    assert "multiple of pp=4" in fig.skipped["interleaved-1f1b"]
+    note = next(t for t in fig.texts if t.get_gid() == "skipped").get_text()
+    assert "not drawn: interleaved-1f1b" in note
+    assert "interleaved-1f1b" in repr(fig)
+    # zb-auto under a limit nothing fits: that point is reported, the rest of the curve drawn
+    assert "0.5" in fig.skipped["zb-auto (linear)"]
+    assert "zb-auto (linear)@4" in _points(fig) and "zb-auto (linear)@0.5" not in _points(fig)
+    # the schedules that can be built are all there
+    built = {k.split("@")[0] for k in _points(fig)}
+    assert built == {n for n in SCHEDULES if n not in ("interleaved-1f1b", "zb-auto")} | {
+        "zb-auto (linear)",
+        "zb-auto (v)",
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(pp=0, microbatches=8), "pp must be an int >= 1, got 0"),
+        (dict(pp="4", microbatches=8), "pp must be an int >= 1"),
+        (dict(pp=4, microbatches=0), "microbatches must be an int >= 1, got 0"),
+        (dict(pp=4, microbatches=8, costs=(1, 1, 1)), "costs must be one Costs.*tuple"),
+        (dict(pp=4, microbatches=8, costs=[Costs()] * 4), "costs must be one Costs.*list"),
+        (dict(pp=4, microbatches=8, schedules=["zb-h3"]), "unknown schedules.*zb-h3"),
+        (dict(pp=4, microbatches=8, memory_limits=[4, 0]), "memory_limits must be numbers > 0"),
+        (dict(pp=4, microbatches=8, memory_limits=[]), "memory_limits.*empty"),
+    ],
+)
+def test_bad_input_is_refused_with_the_reason(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plot_frontier(**kwargs)
+
+
+def test_a_value_that_renders_reproducibly_without_pyplot():
+    import matplotlib.pyplot as plt
+
+    def draw():
+        return plot_frontier(3, 6, Costs(), schedules=["1f1b", "zb-h1", "zb-auto"])
+
+    a, b = draw(), draw()
+    assert a.to_svg() == b.to_svg()
+    bundle = a._repr_mimebundle_()
+    assert bundle["image/png"].startswith(b"\x89PNG")
+    assert "pp=3, m=6" in bundle["text/plain"] and "frontier:" in bundle["text/plain"]
+    assert plt.get_fignums() == []

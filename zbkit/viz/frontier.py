@@ -1,0 +1,256 @@
+"""Every schedule on one picture: bubble rate against peak memory, the Pareto frontier marked.
+
+Which schedule to pick under which memory budget: each fixed schedule is one point, zb-auto
+is a curve (its search under each memory limit, once per placement), and the frontier joins
+the points no other point beats on both axes. Every number comes from `simulate`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from matplotlib.lines import Line2D
+from matplotlib.ticker import PercentFormatter
+
+from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.schedules.builders import PLACEMENTS
+from zbkit.viz._figure import ZbFigure
+
+# (colour, marker) per label: 1F1B's family blue, ZB-H green, V red, zb-auto's curves apart
+_STYLES = {
+    "gpipe": ("#7f7f7f", "o"),
+    "1f1b": ("#1f77b4", "s"),
+    "interleaved-1f1b": ("#17becf", "D"),
+    "looped-bfs": ("#8c564b", "h"),
+    "zb-h1": ("#2ca02c", "^"),
+    "zb-h2": ("#98c379", "v"),
+    "interleaved-zb": ("#bcbd22", "X"),
+    "zb-v": ("#d62728", "<"),
+    "v-half": ("#e377c2", "*"),
+    "v-min": ("#9e1f63", "P"),
+    "zb-auto (linear)": ("#ff7f0e", ">"),
+    "zb-auto (v)": ("#9467bd", "p"),
+}
+_OTHER_MARKERS = "osD^v<>phX*P8d"
+
+
+def _style(label: str) -> tuple[str, str]:
+    if label in _STYLES:
+        return _STYLES[label]
+    i = SCHEDULES.index(label) if label in SCHEDULES else len(label)  # a schedule added later
+    return f"C{i % 10}", _OTHER_MARKERS[i % len(_OTHER_MARKERS)]
+
+
+_V_CHUNKS = 2  # zb-auto's V placement: two chunks (stages) per rank
+
+
+class FrontierPoint(NamedTuple):
+    label: str  # "zb-h1", or "zb-auto (v)" for a point of a zb-auto curve
+    limit: float | None  # zb-auto's memory limit, in the x axis' units; None for the others
+    memory: float  # peak memory of the busiest rank, in whole-rank units (x)
+    bubble: float  # Simulation.bubble_rate (y)
+    on_frontier: bool = False
+
+
+def _on_frontier(points: Sequence[FrontierPoint], eps: float = 1e-9) -> list[bool]:
+    """Pareto: a point is on the frontier when no other point has <= memory and <= bubble,
+    one of them strictly less. Equal points are all on it."""
+
+    def beats(a: FrontierPoint, b: FrontierPoint) -> bool:
+        no_worse = a.memory <= b.memory + eps and a.bubble <= b.bubble + eps
+        better = a.memory < b.memory - eps or a.bubble < b.bubble - eps
+        return no_worse and better
+
+    return [not any(beats(other, p) for other in points) for p in points]
+
+
+def _check(pp, microbatches, costs, schedules, memory_limits) -> tuple[Costs, list, list]:
+    for label, value in (("pp", pp), ("microbatches", microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"plot_frontier: {label} must be an int >= 1, got {value!r}")
+    costs = Costs() if costs is None else costs
+    if not isinstance(costs, Costs):
+        raise ValueError(
+            f"plot_frontier: costs must be one Costs (the same for every stage), "
+            f"got {type(costs).__name__}"
+        )
+    names = list(SCHEDULES if schedules is None else schedules)
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown or not names:
+        raise ValueError(
+            f"plot_frontier: unknown schedules {unknown or 'none given'}; "
+            f"choose from {', '.join(SCHEDULES)}"
+        )
+    if memory_limits is None:
+        # half of 1F1B's rank-0 peak to twice it, in eighths of it
+        unit = costs.mem_activation or 1.0
+        memory_limits = [pp * unit * k / 8 for k in range(4, 17)]
+    limits = list(memory_limits)
+    bad = [x for x in limits if not isinstance(x, int | float) or isinstance(x, bool) or x <= 0]
+    if bad or not limits:
+        raise ValueError(
+            f"plot_frontier: memory_limits must be numbers > 0, got {bad or 'an empty list'}"
+        )
+    return costs, names, sorted(set(limits))
+
+
+def _first_line(error: ValueError) -> str:
+    return str(error).splitlines()[0]
+
+
+def _measure(pp, m, costs, name, label, limit=None, options=None) -> FrontierPoint:
+    """Build (the caller catches the builder's ValueError), simulate, convert the peak from
+    chunk units to whole-rank units (a chunk holds 1/v of a rank's layers)."""
+    schedule = build_schedule(name, pp=pp, microbatches=m, **(options or {}))
+    sim = simulate(schedule, costs)
+    memory = max(sim.peak_memory) / schedule.stages_per_rank
+    return FrontierPoint(label, limit, memory, sim.bubble_rate)
+
+
+def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str, str]]:
+    points: list[FrontierPoint] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        if name != "zb-auto":
+            try:
+                points.append(_measure(pp, m, costs, name, name))
+            except ValueError as error:  # the builder's "cannot build this", with its reason
+                skipped[name] = _first_line(error).removeprefix(f"{name}: ")
+            continue
+        for placement in PLACEMENTS:
+            label = f"zb-auto ({placement})"
+            chunks = _V_CHUNKS if placement == "v" else 1
+            refused: list[tuple[float, str]] = []
+            for limit in limits:
+                try:
+                    # the search's limit is in chunk units: a rank-units limit times its chunks
+                    options = dict(costs=costs, memory_limit=limit * chunks, placement=placement)
+                    points.append(_measure(pp, m, costs, name, label, limit, options))
+                except ValueError as error:
+                    refused.append((limit, _first_line(error)))
+            if refused:
+                which = ", ".join(f"{x:g}" for x, _ in refused)
+                if chunks > 1:
+                    which += f" (x{chunks} in its chunk units)"
+                said = refused[-1][1].rstrip(":")
+                skipped[label] = f"no schedule under memory limits {which}; the search says: {said}"
+    return points, skipped
+
+
+def plot_frontier(
+    pp: int,
+    microbatches: int,
+    costs: Costs | None = None,
+    *,
+    schedules: Sequence[str] | None = None,
+    memory_limits: Sequence[float] | None = None,
+    width: float = 10.0,
+) -> ZbFigure:
+    """Bubble rate (y) against the busiest rank's peak memory (x) for every schedule.
+
+    Args:
+        pp, microbatches: the pipeline's size; every schedule is built for it.
+        costs: one `Costs` for every stage, passed as is to `simulate`: for V and interleaved
+            schedules, per chunk. With comm = 0 that does not change a bubble rate (a ratio of
+            times); with comm > 0 a chunk's hop weighs less against its compute than it would
+            if its F, I, W were scaled down to 1/v, so chunked schedules look a little better.
+        schedules: names from `SCHEDULES` (default: all). A schedule that cannot be built for
+            these sizes (interleaved-1f1b needs microbatches a multiple of pp) is not drawn;
+            the figure says why, and `fig.skipped` maps its name to the builder's reason.
+        memory_limits: zb-auto's limits, in the x axis' units (default: pp/2 to 2*pp times
+            mem_activation, in steps of pp/8). zb-auto is searched under each, once per
+            placement (linear, V), and drawn as a curve; these searches are most of the time
+            the drawing takes.
+
+    x is in whole-rank units: a microbatch through all of a rank's layers holds
+    `mem_activation`. A V or interleaved schedule has v chunks per rank, each 1/v of its
+    layers, so its simulated peak (in chunk units) is divided by v. `fig.points` lists every
+    point drawn (`FrontierPoint`), `on_frontier` set for the Pareto-optimal ones.
+    """
+    costs, names, limits = _check(pp, microbatches, costs, schedules, memory_limits)
+    points, skipped = _collect(pp, microbatches, costs, names, limits)
+    points = [p._replace(on_frontier=f) for p, f in zip(points, _on_frontier(points), strict=True)]
+
+    notes = [f"not drawn: {name}: {why}" for name, why in skipped.items()]
+    wrapped = [line for note in notes for line in textwrap.wrap(note, int(width * 13))]
+    height = 4.6 + 0.17 * len(wrapped)
+    fig = ZbFigure(figsize=(width, height), dpi=100)
+    bottom = (0.75 + 0.17 * len(wrapped)) / height
+    ax = fig.add_axes((0.08, bottom, 0.62, 1 - bottom - 0.45 / height))
+
+    # the same colour and marker for a schedule in every figure, whatever else is drawn
+    labels = list(dict.fromkeys(p.label for p in points))
+    styles = {label: _style(label) for label in labels}
+    handles = []
+    for label in labels:
+        colour, marker = styles[label]
+        mine = [p for p in points if p.label == label]
+        star = " *" if any(p.on_frontier for p in mine) else ""
+        if mine[0].limit is None:  # a fixed schedule: one point
+            (p,) = mine
+            ax.plot(p.memory, p.bubble, marker, color=colour, ms=8, zorder=3, gid=f"point:{label}")
+            name = label + star
+            handles.append(Line2D([], [], ls="", marker=marker, color=colour, ms=7, label=name))
+            continue
+        # a zb-auto curve, in the order of the limits; each point its own artist (gid: limit)
+        xs, ys = [p.memory for p in mine], [p.bubble for p in mine]
+        ax.plot(xs, ys, "-", color=colour, lw=1, alpha=0.6)
+        for p in mine:
+            gid = f"point:{label}@{p.limit:g}"
+            ax.plot(p.memory, p.bubble, marker, color=colour, ms=4.5, zorder=2, gid=gid)
+        name = f"{label}, limits {mine[0].limit:g}-{mine[-1].limit:g}{star}"
+        handles.append(Line2D([], [], marker=marker, color=colour, ms=4.5, label=name))
+
+    # the frontier: its points ringed, joined by a staircase (below it, nothing is reachable)
+    best = sorted({(p.memory, p.bubble) for p in points if p.on_frontier})
+    if best:
+        xs, ys = [x for x, _ in best], [y for _, y in best]
+        ring = dict(marker="o", mfc="none", mec="black", mew=1.2)
+        ax.plot(xs, ys, ls="", ms=13, zorder=4, gid="frontier", **ring)
+        right = max(p.memory for p in points) * 1.04
+        line = dict(color="black", lw=1.6, alpha=0.35)
+        ax.step([*xs, right], [*ys, ys[-1]], where="post", zorder=1, **line)
+        label = "Pareto frontier\n(* = some point on it)"
+        handles.append(Line2D([], [], ms=10, label=label, **ring, **line))
+
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(bottom=min(-0.02, ax.get_ylim()[0]))
+    ax.set_ylabel("bubble rate (simulate)", fontsize=9)
+    ax.set_xlabel(
+        "peak memory of the busiest rank, in microbatches through a whole rank's layers "
+        f"(x mem_activation = {costs.mem_activation:g})\n"
+        "V and interleaved schedules: chunk peak / chunks per rank",
+        fontsize=8,
+    )
+    ax.tick_params(labelsize=8)
+    ax.grid(True, color="#e6e6e6", lw=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    c = costs
+    ax.set_title(
+        f"bubble vs memory: pp={pp}, m={microbatches}, F={c.F:g} I={c.I:g} W={c.W:g} "
+        f"comm={c.comm:g} mem_weight={c.mem_weight:g}",
+        fontsize=9,
+        loc="left",
+    )
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False
+    )
+    if wrapped:
+        note = "\n".join(wrapped)
+        fig.text(0.01, 0.1 / height, note, fontsize=7, va="bottom", color="#b00000", gid="skipped")
+
+    fig.points = points
+    fig.skipped = skipped
+    on = list(dict.fromkeys(p.label for p in points if p.on_frontier))
+    fixed = [p for p in points if p.limit is None]
+    missing = [name + (" at some limits" if name in labels else "") for name in skipped]
+    fig._zb_summary = (
+        f"bubble vs peak memory of {len(fixed)} schedules and {len(labels) - len(fixed)} "
+        f"zb-auto curves, pp={pp}, m={microbatches}; "
+        f"frontier: {', '.join(on) or 'none'}"
+        + (f"; not drawn (fig.skipped): {', '.join(missing)}" if skipped else "")
+    )
+    return fig
