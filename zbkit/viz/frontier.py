@@ -100,10 +100,9 @@ def _first_line(error: ValueError) -> str:
     return str(error).splitlines()[0]
 
 
-def _measure(pp, m, costs, name, label, limit=None, options=None) -> FrontierPoint:
-    """Build (the caller catches the builder's ValueError), simulate, convert the peak from
-    chunk units to whole-rank units (a chunk holds 1/v of a rank's layers)."""
-    schedule = build_schedule(name, pp=pp, microbatches=m, **(options or {}))
+def _point(schedule, costs, label, limit=None) -> FrontierPoint:
+    """Simulate; convert the peak from chunk units to whole-rank units (a chunk holds 1/v of
+    a rank's layers). A schedule the builder made must simulate: errors here propagate."""
     sim = simulate(schedule, costs)
     memory = max(sim.peak_memory) / schedule.stages_per_rank
     return FrontierPoint(label, limit, memory, sim.bubble_rate)
@@ -115,21 +114,25 @@ def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str
     for name in names:
         if name != "zb-auto":
             try:
-                points.append(_measure(pp, m, costs, name, name))
+                schedule = build_schedule(name, pp=pp, microbatches=m)
             except ValueError as error:  # the builder's "cannot build this", with its reason
                 skipped[name] = _first_line(error).removeprefix(f"{name}: ")
+                continue
+            points.append(_point(schedule, costs, name))
             continue
         for placement in PLACEMENTS:
             label = f"zb-auto ({placement})"
             chunks = _V_CHUNKS if placement == "v" else 1
             refused: list[tuple[float, str]] = []
             for limit in limits:
+                # the search's limit is in chunk units: a rank-units limit times its chunks
+                options = dict(costs=costs, memory_limit=limit * chunks, placement=placement)
                 try:
-                    # the search's limit is in chunk units: a rank-units limit times its chunks
-                    options = dict(costs=costs, memory_limit=limit * chunks, placement=placement)
-                    points.append(_measure(pp, m, costs, name, label, limit, options))
-                except ValueError as error:
+                    schedule = build_schedule(name, pp=pp, microbatches=m, **options)
+                except ValueError as error:  # nothing fits this limit
                     refused.append((limit, _first_line(error)))
+                    continue
+                points.append(_point(schedule, costs, label, limit))
             if refused:
                 which = ", ".join(f"{x:g}" for x, _ in refused)
                 if chunks > 1:
