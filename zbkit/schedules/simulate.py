@@ -23,7 +23,7 @@ from zbkit.schedules.events import (
 )
 from zbkit.schedules.plan import Comm, CommOp, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.validate import validate
+from zbkit.schedules.validate import check_actions, deadlock_error, validate
 
 # Costs, Event and bubble_rate were defined here before; they stay importable from here
 __all__ = ["Costs", "Event", "Simulation", "bubble_rate", "simulate"]
@@ -86,13 +86,15 @@ def simulate(
     """
     costs = Costs() if costs is None else costs
     per_stage_costs = per_stage(costs, schedule.num_stages)
-    if check:
-        validate(schedule)
+    if check:  # what validate checks; the deadlock check is the walk below
+        check_actions(schedule)
     durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
     try:
         times = _engine.run(schedule, durations, [c.comm for c in per_stage_costs])
-    except _engine.Stuck:
-        validate(schedule)  # explains the deadlock with the grid
+    except _engine.Stuck as stuck:
+        if check:  # the validator's message: who waits on whom, with the grid
+            raise deadlock_error(schedule, stuck) from None
+        validate(schedule)  # explains the deadlock (or another fault) with the grid
         raise ScheduleError("schedule deadlocks; run validate(schedule) for details") from None
     return _summarize(schedule, costs, per_stage_costs, times)
 

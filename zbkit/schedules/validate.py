@@ -47,13 +47,19 @@ def _where(a: Action) -> str:
 
 def validate(schedule: Schedule) -> None:
     """Raise `ScheduleError` if `schedule` misses, repeats or misorders an action or deadlocks."""
-    _check_shape(schedule)
-    done = _check_actions(schedule)
-    _check_complete(schedule, done)
+    check_actions(schedule)
     try:
         _engine.run(schedule, _UNIT, [0.0] * schedule.num_stages)
     except _engine.Stuck as stuck:
-        raise _deadlock(schedule, stuck) from None
+        raise deadlock_error(schedule, stuck) from None
+
+
+def check_actions(schedule: Schedule) -> None:
+    """Everything `validate` checks but the deadlock (which needs a walk of the ranks: the
+    simulator makes that walk anyway and reports a deadlock with `deadlock_error`)."""
+    _check_shape(schedule)
+    done = _check_actions(schedule)
+    _check_complete(schedule, done)
 
 
 def _check_shape(schedule: Schedule) -> None:
@@ -193,7 +199,7 @@ def _check_complete(schedule: Schedule, done: list[int]) -> None:
             )
 
 
-def _deadlock(schedule: Schedule, stuck: _engine.Stuck) -> ScheduleError:
+def deadlock_error(schedule: Schedule, stuck: _engine.Stuck) -> ScheduleError:
     seen = {a: (r, p) for r, prog in schedule.program.items() for p, a in enumerate(prog)}
     lines = []
     for rank, (pos, a, (what, s, j)) in sorted(stuck.blocked.items()):
