@@ -102,10 +102,10 @@ def memory_steps(
     n = max(ranks, num_ranks or 0)
     changes: list[list[tuple[float, float]]] = [[] for _ in range(n)]
     first = [float("inf")] * n
-    for e, delta in zip(events, deltas, strict=True):
-        changes[e.rank].append((e.start if delta > 0 else e.end, delta))
-        if e.start < first[e.rank]:
-            first[e.rank] = e.start
+    for (rank, _, _, _, start, end), delta in zip(events, deltas, strict=True):
+        changes[rank].append((start if delta > 0 else end, delta))
+        if start < first[rank]:
+            first[rank] = start
     out = []
     for rank, per_rank in enumerate(changes):
         # stable, so same-time changes keep event order; a rank's events in program order

@@ -105,9 +105,11 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     starts, ends, busy = [], [], []
     for rank in range(schedule.pp):
         spans = times[rank]
-        for a, (start, end) in zip(schedule.program[rank], spans, strict=True):
-            # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
-            events.append(new(Event, (rank, a.stage, a.kind, a.microbatch, start, end)))
+        # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
+        events += [
+            new(Event, (rank, a.stage, a.kind, a.microbatch, start, end))
+            for a, (start, end) in zip(schedule.program[rank], spans, strict=True)
+        ]
         # a rank runs one action at a time in program order: its span is first start to
         # last end (the numbers rank_spans gives for any events)
         starts.append(spans[0][0] if spans else 0.0)
