@@ -28,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="zb-auto: stage s on rank s (linear, default) or ZB-V's V (v)",
     )
-    parser.add_argument("--stages-per-rank", type=int, default=None, help="interleaved-1f1b, looped-bfs, interleaved-zb: v (default 2)")
+    parser.add_argument(
+        "--stages-per-rank",
+        type=int,
+        default=None,
+        help="interleaved-1f1b, looped-bfs, interleaved-zb: v (default 2)",
+    )
     parser.add_argument("--save", metavar="PATH", help="write the schedule as torch-style CSV")
     parser.add_argument("--load", metavar="PATH", help="read a torch-style CSV instead of building")
 
