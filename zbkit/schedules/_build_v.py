@@ -24,9 +24,18 @@ reordering is simpler than the reference's, and the paper's figure is an approxi
 
 from __future__ import annotations
 
+from bisect import bisect
+from itertools import accumulate
+
 from zbkit.schedules.action import Action
 
 Key = tuple[int, str, int]  # (stage, kind, microbatch)
+Line = list[Key | None]  # one rank's passes by slot (None: a free slot)
+Slots = dict[tuple[int, str], list[int]]  # slot[stage, kind][microbatch]: when that pass runs
+HOLDS = {"F": 1, "I": 0, "W": -1}  # activations held, as the paper counts: from F until W
+
+# Speed: pp=64, m=512 is 200k passes, so each step works on whole lists (a rank's timeline,
+# a stage's slots) with comprehensions, slices and itertools, not pass by pass in a loop.
 
 
 def _block(p: int, variant: str) -> dict[int, list[tuple[int, str, int]]]:
@@ -63,90 +72,99 @@ def _deps(key: Key, last: int) -> list[Key]:
     return deps
 
 
-def _fill_w(slot: dict[Key, int], rank_of: dict[int, int]) -> None:
-    """Put each rank's W into its free slots, the oldest I's W first."""
-    by_rank: dict[int, dict[int, Key]] = {}
-    for key, t in slot.items():
-        by_rank.setdefault(rank_of[key[0]], {})[t] = key
-    for taken in by_rank.values():
-        pending: list[Key] = []
-        t = 0
-        while taken or pending:
-            if t in taken:
-                stage, kind, j = taken.pop(t)
-                if kind == "I":
-                    pending.append((stage, "W", j))
-            elif pending:
-                slot[pending.pop(0)] = t
-            t += 1
+def _fill_w(slot: Slots, lines: list[Line]) -> None:
+    """Put each rank's W into its free slots, the oldest I's W first: the k-th W goes to the
+    first free slot after both its I and the (k-1)-th W. Pads the lines to one length."""
+    for line in lines:
+        backs = [(t, key) for t, key in enumerate(line) if key and key[1] == "I"]
+        free = [t for t, key in enumerate(line) if key is None]
+        free += range(len(line), len(line) + len(backs))  # past the end every slot is free
+        # the k-th W takes free[n_k], n_k = max(n_(k-1) + 1, f_k) where free[f_k] is the first
+        # free slot after its I; unrolled, n_k = k + max(f_l - l for l <= k): a running max
+        firsts = [bisect(free, t) - k for k, (t, _) in enumerate(backs)]
+        ts = [free[k + most] for k, most in enumerate(accumulate(firsts, max))]
+        ws = [(stage, "W", j) for _, (stage, _, j) in backs]
+        line += [None] * (max(ts, default=-1) + 1 - len(line))
+        for t, w in zip(ts, ws, strict=True):
+            line[t] = w
+        for stage in {w[0] for w in ws}:  # W of one stage in microbatch order, as their I
+            slot[stage, "W"] = [t for t, w in zip(ts, ws, strict=True) if w[0] == stage]
+    span = max(map(len, lines))
+    for line in lines:
+        line += [None] * (span - len(line))
 
 
-def _held(slot: dict[Key, int], rank_of: dict[int, int], p: int) -> dict[int, list[int]]:
-    """Activations each rank holds in each slot, as the paper counts: from F until W."""
-    span = max(slot.values()) + 1
-    held = {r: [0] * span for r in range(p)}
-    for (stage, kind, _), t in slot.items():
-        held[rank_of[stage]][t] += {"F": 1, "I": 0, "W": -1}[kind]
-    for row in held.values():
-        for t in range(1, span):
-            row[t] += row[t - 1]
-    return held
+def _held(lines: list[Line]) -> list[list[int]]:
+    """Activations each rank holds in each slot (`HOLDS`)."""
+    return [list(accumulate([HOLDS[key[1]] if key else 0 for key in line])) for line in lines]
 
 
-def _move_earlier(slot, rank_of, keys, peak, held) -> None:
+def _by_slot(lines: list[Line], start: int, stop: int | None = None) -> list[Key]:
+    """The passes in slots start..stop-1 in slot order (by rank within a slot: passes in one
+    slot never wait for each other, so their order does not matter)."""
+    return [
+        key
+        for column in zip(*(line[start:stop] for line in lines), strict=True)
+        for key in column
+        if key
+    ]
+
+
+def _move_earlier(slot, lines, rank_of, keys, peak, held) -> None:
     """Each pass of `keys` (in slot order) to the earliest free slot its inputs allow; an F
     only where it keeps its rank's memory (`held`) at most `peak` (it holds longer)."""
-    used = {(rank_of[s], t) for (s, _, _), t in slot.items()}
     last = len(rank_of) - 1
     for key in keys:
-        t, r = slot[key], rank_of[key[0]]
-        earliest = max((slot[d] + 1 for d in _deps(key, last) if d in slot), default=0)
-        for u in range(earliest, t):
-            if (r, u) in used or (key[1] == "F" and max(held[r][u:t]) + 1 > peak):
-                continue
-            used.discard((r, t))
-            used.add((r, u))
-            slot[key] = u
-            if key[1] != "I":
-                for v in range(u, t):
-                    held[r][v] += 1 if key[1] == "F" else -1
-            break
+        stage, kind, j = key
+        t, line, row = slot[stage, kind][j], lines[rank_of[stage]], held[rank_of[stage]]
+        earliest = max([slot[s, k][i] + 1 for s, k, i in _deps(key, last)], default=0)
+        if kind == "F":  # held one slot longer from u on: u after the last slot at the peak
+            seen = row[earliest:t]
+            if peak in seen:
+                earliest = t - seen[::-1].index(peak)
+        if None in line[earliest:t]:
+            u = line.index(None, earliest, t)
+            line[u], line[t] = key, None
+            slot[stage, kind][j] = u
+            if HOLDS[kind]:
+                row[u:t] = [h + HOLDS[kind] for h in row[u:t]]
 
 
 def v_schedule(p: int, m: int, variant: str) -> dict[int, list[Action]]:
     """`variant` is "v-half" or "v-min"; returns program[rank]."""
-    rank_of = {s: (s if s < p else 2 * p - 1 - s) for s in range(2 * p)}
+    rank_of = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
     # 1-2. the block, repeated every 6 slots; the W fill the free slots, oldest I first
-    slot: dict[Key, int] = {
-        (stage, kind, j): t + 6 * j
-        for passes in _block(p, variant).values()
-        for t, kind, stage in passes
-        for j in range(m)
-    }
-    _fill_w(slot, rank_of)
-    held = _held(slot, rank_of, p)
-    peak = max(max(row) for row in held.values())  # the steady state's: the block's memory
+    blocks = _block(p, variant)
+    span = 6 * (m - 1) + 1 + max(t for passes in blocks.values() for t, _, _ in passes)
+    lines: list[Line] = [[None] * span for _ in range(p)]
+    slot: Slots = {}
+    for r, passes in blocks.items():
+        for t, kind, stage in passes:
+            lines[r][t : t + 6 * m : 6] = [(stage, kind, j) for j in range(m)]
+            slot[stage, kind] = list(range(t, t + 6 * m, 6))
+    _fill_w(slot, lines)
+    held = _held(lines)
+    peak = max(map(max, held))  # the steady state's: the block's memory
 
     # 3. reorder the warm-up (before rank 0's first backward on its down stage) and the
     # cool-down (after its last forward there); the steady state keeps the block's pattern
-    warm_end, cool_start = slot[0, "I", 0], slot[0, "F", m - 1]
-    ends = [k for k in sorted(slot, key=slot.get) if not warm_end <= slot[k] <= cool_start]
-    _move_earlier(slot, rank_of, ends, peak, held)
+    warm_end, cool_start = slot[0, "I"][0], slot[0, "F"][m - 1]
+    ends = _by_slot(lines, 0, warm_end) + _by_slot(lines, cool_start + 1)
+    _move_earlier(slot, lines, rank_of, ends, peak, held)
     # then the cool-down once more without the W: input gradients first (they unblock the
     # ranks below), the W back into the free slots after; kept if no rank goes over the peak
-    again = {k: t for k, t in slot.items() if k[1] != "W"}
-    cool = [k for k in sorted(again, key=again.get) if again[k] > cool_start and k[1] == "I"]
-    _move_earlier(again, rank_of, cool, peak, held)
-    _fill_w(again, rank_of)
-    if max(max(row) for row in _held(again, rank_of, p).values()) <= peak:
-        slot = again
+    again = {key: list(ts) for key, ts in slot.items() if key[1] != "W"}
+    again_lines = [[k if k and k[1] != "W" else None for k in line] for line in lines]
+    cool = [k for k in _by_slot(again_lines, cool_start + 1) if k[1] == "I"]
+    _move_earlier(again, again_lines, rank_of, cool, peak, held)
+    _fill_w(again, again_lines)
+    if max(map(max, _held(again_lines))) <= peak:
+        lines = again_lines
 
-    program: dict[int, list[Action]] = {r: [] for r in range(p)}
-    for (stage, kind, j), _ in sorted(slot.items(), key=lambda item: item[1]):
-        program[rank_of[stage]].append(Action(stage, kind, j))
+    program = {r: [Action(*key) for key in line if key] for r, line in enumerate(lines)}
     # invariant: six passes per rank and microbatch, every rank under the block's peak
-    held = _held(slot, rank_of, p)
-    for r, prog in program.items():
-        assert len(prog) == 6 * m, f"{variant}: builder bug: rank {r} has {len(prog)} passes"
-        assert max(held[r]) <= peak, f"{variant}: builder bug: rank {r} holds {max(held[r])}"
+    for r, row in enumerate(_held(lines)):
+        n = len(program[r])
+        assert n == 6 * m, f"{variant}: builder bug: rank {r} has {n} passes"
+        assert max(row) <= peak, f"{variant}: builder bug: rank {r} holds {max(row)}"
     return program
