@@ -24,6 +24,10 @@ def test_constructor_checks_kind_and_indices():
         Action(0, "Q", 0)
     with pytest.raises(ValueError, match=">= 0"):
         Action(-1, "F", 0)
+    with pytest.raises(TypeError, match="not bools"):
+        Action(True, "F", 0)
+    with pytest.raises(TypeError, match="must be ints"):
+        Action(0, "F", 1.0)
 
 
 def test_from_program_accepts_strings_and_infers_placement():

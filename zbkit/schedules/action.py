@@ -96,6 +96,15 @@ class Action:
     microbatch: int
 
     def __post_init__(self) -> None:
+        # the common case in one test (builders make ~10^5 actions for a big slider setting)
+        if (
+            type(self.stage) is int
+            and type(self.microbatch) is int
+            and self.stage >= 0
+            and self.microbatch >= 0
+            and self.kind in KINDS
+        ):
+            return
         if self.kind not in KINDS:
             names = ", ".join(f"{k.letter} {k.name}" for k in KINDS.values())
             raise ValueError(
@@ -106,6 +115,8 @@ class Action:
             raise TypeError(
                 f"stage and microbatch must be ints, got {self.stage!r} and {self.microbatch!r}"
             )
+        if isinstance(self.stage, bool) or isinstance(self.microbatch, bool):
+            raise TypeError(f"stage and microbatch must be ints, not bools: {self!r}")
         if self.stage < 0 or self.microbatch < 0:
             raise ValueError(
                 f"stage and microbatch must be >= 0, got stage={self.stage}, "
