@@ -36,7 +36,7 @@ from zbkit.schedules.action import KINDS, Action
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.costs import per_stage as costs_per_stage
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.validate import validate
+from zbkit.schedules.validate import check_actions
 
 PLACEMENTS = ("linear", "v")
 
@@ -324,8 +324,10 @@ def _search(problem: Problem, name: str) -> AutoSearch:
 
 
 def _valid(schedule: Schedule) -> bool:
+    """Whether a scored candidate is valid: the validator's checks without its deadlock walk,
+    which the engine already made when it timed the candidate (a deadlock raises Stuck)."""
     try:
-        validate(schedule)
+        check_actions(schedule)
     except ScheduleError:
         return False
     return True
