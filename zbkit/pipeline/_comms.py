@@ -15,66 +15,21 @@ read a wrongly sized buffer; a new batch shape needs ``forget_shapes()`` on ever
 from __future__ import annotations
 
 import datetime
-import pickle
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from zbkit.pipeline._shapes import META_BYTES, Meta, pack, unpack
 from zbkit.schedules.action import Product
 from zbkit.schedules.plan import Comm, CommOp
 
 _KIND_TAG = {Product.ACT: 0, Product.GRAD: 1}
 _SLOTS = 64  # tags per message: tensor i of a message uses tag base * _SLOTS + i
-_META_BASE = 1 << 30  # the once-per-step shape messages use tags above this
-_META_BYTES = 4096  # one fixed-size message: the receiver can post it before it knows anything
+_META_BASE = 1 << 30  # the shape messages (once per edge) use tags above this
 
 
 class CommTimeout(TimeoutError):
     """A receive or a send did not complete in time; the message names the action."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Meta:
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[torch.dtype, ...]
-    requires_grad: tuple[bool, ...]
-
-    @classmethod
-    def of(cls, tensors: dict[str, torch.Tensor]) -> _Meta:
-        names = tuple(sorted(tensors))  # a deterministic order by key on both sides
-        return cls(
-            names,
-            tuple(tuple(tensors[k].shape) for k in names),
-            tuple(tensors[k].dtype for k in names),
-            tuple(tensors[k].requires_grad for k in names),
-        )
-
-    def describe(self) -> str:
-        return ", ".join(
-            f"{n}: {str(d).removeprefix('torch.')}{list(s)}"
-            for n, s, d in zip(self.names, self.shapes, self.dtypes, strict=True)
-        )
-
-
-def _pack(meta: _Meta, device: torch.device) -> torch.Tensor:
-    """The meta as a fixed-size byte tensor: 4 bytes of length, then the pickle."""
-    blob = pickle.dumps(meta)
-    if len(blob) + 4 > _META_BYTES:
-        raise ValueError(
-            f"the names and shapes of one message take {len(blob)} bytes pickled, over the "
-            f"{_META_BYTES - 4} a shape message holds; send fewer tensors per stage"
-        )
-    buf = bytearray(_META_BYTES)
-    buf[:4] = len(blob).to_bytes(4, "little")
-    buf[4 : 4 + len(blob)] = blob
-    return torch.frombuffer(buf, dtype=torch.uint8).to(device)  # NCCL sends device memory
-
-
-def _unpack(buf: torch.Tensor) -> _Meta:
-    raw = buf.cpu().numpy().tobytes()
-    return pickle.loads(raw[4 : 4 + int.from_bytes(raw[:4], "little")])
 
 
 class P2P:
@@ -114,8 +69,8 @@ class P2P:
             raise ValueError(
                 f"{num_stages} stages x {microbatches} microbatches is too many for the tag space"
             )
-        self._sent_meta: dict[tuple[str, int], _Meta] = {}
-        self._recv_meta: dict[tuple[str, int], _Meta] = {}
+        self._sent_meta: dict[tuple[str, int], Meta] = {}
+        self._recv_meta: dict[tuple[str, int], Meta] = {}
         self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
         self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
         # per transfer, once its edge's shapes are agreed: what to check and where to send /
@@ -192,13 +147,13 @@ class P2P:
 
     def _send_checked(self, comm: Comm, tensors: dict[str, torch.Tensor]) -> None:
         """The first send of a transfer (agreeing or checking the edge's shapes) or a bad one."""
-        meta = _Meta.of(tensors)
+        meta = Meta.of(tensors)
         if len(meta.names) > _SLOTS:
             raise ValueError(f"{self.where}: {comm} carries {len(meta.names)} tensors (max 64)")
         agreed = self._sent_meta.get((comm.what, comm.stage))
         if agreed is None:
             self._sent_meta[(comm.what, comm.stage)] = meta
-            self._post(CommOp.SEND, comm, [_pack(meta, self.device)], [self._meta_tag(comm)])
+            self._post(CommOp.SEND, comm, [pack(meta, self.device)], [self._meta_tag(comm)])
         elif meta != agreed:
             raise ValueError(
                 f"{self.where}: {comm} has tensors {{{meta.describe()}}} but the first "
@@ -257,7 +212,7 @@ class P2P:
         if meta is None:
             works, buf = self._early_meta.pop(key, None) or self._post_meta_recv(comm)
             self._wait(works, comm)
-            meta = self._recv_meta[key] = _unpack(buf)
+            meta = self._recv_meta[key] = unpack(buf)
         bufs = [
             torch.empty(shape, dtype=dtype, device=self.device)
             for shape, dtype in zip(meta.shapes, meta.dtypes, strict=True)
@@ -281,7 +236,7 @@ class P2P:
                 self._early_meta[key] = self._post_meta_recv(comm)
 
     def _post_meta_recv(self, comm: Comm) -> tuple[list, torch.Tensor]:
-        buf = torch.empty(_META_BYTES, dtype=torch.uint8, device=self.device)
+        buf = torch.empty(META_BYTES, dtype=torch.uint8, device=self.device)
         return self._post(CommOp.RECV, comm, [buf], [self._meta_tag(comm)]), buf
 
     # ------------------------------------------------------------------ plumbing

@@ -1,0 +1,77 @@
+"""What a transfer carries (names, shapes, dtypes), agreed once per edge by a shape message.
+
+The shape message is a fixed-size byte tensor, so a receiver can post it before it knows
+anything: 4 bytes of length, then JSON (names, shapes, dtype names, requires_grad). JSON, not
+pickle: nothing that arrives over the wire is ever executed, and a dtype name is only looked
+up among torch's dtypes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+META_BYTES = 4096  # one fixed-size message
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    requires_grad: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor]) -> Meta:
+        names = tuple(sorted(tensors))  # a deterministic order by key on both sides
+        return cls(
+            names,
+            tuple(tuple(tensors[k].shape) for k in names),
+            tuple(tensors[k].dtype for k in names),
+            tuple(tensors[k].requires_grad for k in names),
+        )
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{n}: {str(d).removeprefix('torch.')}{list(s)}"
+            for n, s, d in zip(self.names, self.shapes, self.dtypes, strict=True)
+        )
+
+
+def pack(meta: Meta, device: torch.device) -> torch.Tensor:
+    """The meta as a fixed-size byte tensor: 4 bytes of length, then the JSON."""
+    doc = {
+        "names": list(meta.names),
+        "shapes": [list(s) for s in meta.shapes],
+        "dtypes": [str(d).removeprefix("torch.") for d in meta.dtypes],
+        "requires_grad": list(meta.requires_grad),
+    }
+    blob = json.dumps(doc).encode()
+    if len(blob) + 4 > META_BYTES:
+        raise ValueError(
+            f"the names and shapes of one message take {len(blob)} bytes, over the "
+            f"{META_BYTES - 4} a shape message holds; send fewer tensors per stage"
+        )
+    buf = bytearray(META_BYTES)
+    buf[:4] = len(blob).to_bytes(4, "little")
+    buf[4 : 4 + len(blob)] = blob
+    return torch.frombuffer(buf, dtype=torch.uint8).to(device)  # NCCL sends device memory
+
+
+def unpack(buf: torch.Tensor) -> Meta:
+    raw = buf.cpu().numpy().tobytes()
+    doc = json.loads(raw[4 : 4 + int.from_bytes(raw[:4], "little")])
+    dtypes = []
+    for name in doc["dtypes"]:
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a shape message names an unknown dtype {name!r}")
+        dtypes.append(dtype)
+    return Meta(
+        tuple(str(n) for n in doc["names"]),
+        tuple(tuple(int(x) for x in s) for s in doc["shapes"]),
+        tuple(dtypes),
+        tuple(bool(r) for r in doc["requires_grad"]),
+    )
