@@ -129,7 +129,8 @@ def test_cli_zb_auto_names_the_candidate_it_kept_and_zb_v_refuses_a_limit(capsys
     assert cli_main(parser.parse_args(["zb-auto", "--pp", "4", "-m", "8", "--placement", "v"])) == 0
     out = capsys.readouterr().out
     assert "zb-auto kept: paper's ZB-V (" in out and "bubble rate: 0.0000" in out
-    assert "peak memory per rank: 8, 8, 8, 8" in out
+    unit = "chunk-microbatches, a chunk = 1/2 of a rank's layers x mem_activation"
+    assert f"peak memory per rank ({unit}): 8, 8, 8, 8" in out
     assert cli_main(parser.parse_args(["zb-v", "--memory-limit", "6"])) == 1
     assert "placement='v'" in capsys.readouterr().err
     assert cli_main(parser.parse_args(["zb-h1", "--placement", "v"])) == 1

@@ -81,7 +81,10 @@ def main(args: argparse.Namespace) -> int:
     )
     if form is not None and not costs.comm:
         print(f"closed form: {form.rate:.4f}  ({form.formula} idle per rank)")
-    print("peak memory per rank:", ", ".join(f"{m:.4g}" for m in sim.peak_memory))
+    v = schedule.stages_per_rank
+    unit = f"chunk-microbatches, a chunk = 1/{v} of a rank's layers" if v > 1 else "microbatches"
+    peaks = ", ".join(f"{m:.4g}" for m in sim.peak_memory)
+    print(f"peak memory per rank ({unit} x mem_activation): {peaks}")
     if args.save:
         schedule.save(args.save)
         print(f"saved to {args.save}")
