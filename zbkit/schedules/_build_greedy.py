@@ -10,7 +10,7 @@ Whenever a rank is free it picks, in this order:
 An I is on the critical path (every stage before it waits), so `hold` > 0 (`fill` > 0)
 makes a rank wait instead of starting an F (a W) that would delay an I known to arrive
 within `hold * F` (`fill * W`). zb-auto tries a few such policies (named in
-`_auto.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
+`_candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
 
 `sweep` is the paper's own construction for one stage per rank (zb-auto): it visits
 microbatches in order and stages in dependency order, so it knows exactly when each input

@@ -1,0 +1,178 @@
+"""zb-auto's candidates: what each is built for (`Problem`), and the named list per placement.
+
+Each `Candidate` has a name, a one-line reason it is in the list (where it won, or what it
+guarantees) and a builder; `_auto.search` times them and keeps the fastest that fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from zbkit.schedules import _build_fixed as fixed
+from zbkit.schedules._build_greedy import greedy
+from zbkit.schedules._build_heuristic import best_heuristic
+from zbkit.schedules._refine import best_sweep, defer_late_ws
+from zbkit.schedules.action import Action
+from zbkit.schedules.costs import Costs
+from zbkit.schedules.schedule import Schedule
+
+PLACEMENTS = ("linear", "v")
+
+Program = dict[int, list[Action]]
+
+
+@dataclass
+class Problem:
+    """What every candidate is built for."""
+
+    pp: int
+    m: int
+    costs: list[Costs]  # one per stage
+    limit: float  # peak memory per rank, in the units of Costs.mem_activation
+    placement: str  # "linear" or "v"
+    memo: dict = field(default_factory=dict)  # work shared between candidates (one search)
+    beat: float = math.inf  # the best span so far: a builder may give up (`Slower`) above it
+
+    @property
+    def stage_to_rank(self) -> list[int]:
+        if self.placement == "v":
+            return [s if s < self.pp else 2 * self.pp - 1 - s for s in range(2 * self.pp)]
+        return list(range(self.pp))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    reason: str  # one line: where it wins, or what it guarantees
+    build: Callable[[Problem], Program]  # raises ValueError if it cannot meet the limit
+    handwritten: bool = False  # cheap: timed first, it may prove the others need not run
+
+
+# ---- the candidates' builders -------------------------------------------------------------
+
+
+def _construction(problem: Problem) -> Program:
+    """The paper's construction (`sweep`) at its best warm-up and W-filling rule."""
+    if "construction" not in problem.memo:  # the next candidate starts from it
+        problem.memo["construction"] = best_sweep(problem.costs, problem.m, problem.limit)
+    program = problem.memo["construction"]
+    if program is None:
+        raise ValueError(f"no warm-up fits memory_limit={problem.limit:g}")
+    return program
+
+
+def _deferred(problem: Problem) -> Program:
+    # the construction lets a W overrun the gap before an I by a little; on the critical
+    # path that slip repeats rank after rank: defer those Ws (one rank per round at worst)
+    start = Schedule(_construction(problem), problem.stage_to_rank, problem.m)
+    return defer_late_ws(start, problem.costs, problem.limit, 2 * problem.pp).program
+
+
+def _heuristic(problem: Problem) -> Program:
+    return best_heuristic(problem.costs, problem.m, problem.limit, give_up=problem.beat)
+
+
+def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
+    def build(problem: Problem) -> Program:
+        where, m, limit = problem.stage_to_rank, problem.m, problem.limit
+        return greedy(where, m, problem.costs, limit, fill, hold, give_up=problem.beat)
+
+    return build
+
+
+def _fixed(fn: Callable[[int, int], Program]) -> Callable[[Problem], Program]:
+    return lambda problem: fn(problem.pp, problem.m)
+
+
+# Each reason says where the candidate was strictly the fastest (or ties, then what it
+# guarantees), from 1200 (linear) and 800 (v) random settings: p 2..8, m 4..24, F, I in
+# 0.5..2, W in 0.25..1.5, comm 0..0.2, M_W 0..0.5, limits 0.5..2 times the default.
+_LINEAR = [
+    Candidate(
+        "construction",
+        "the paper's sweep at its best warm-up and W rule: the usual winner",
+        _construction,
+    ),
+    Candidate(
+        "construction, late Ws deferred",
+        "Ws that delay the critical path moved later: a little faster",
+        _deferred,
+    ),
+    Candidate(
+        "greedy fill=0 hold=0",
+        "finishes when no warm-up fits; wins far from p..2p*M_B",
+        _greedy(0.0, 0.0),
+    ),
+    Candidate(
+        "greedy fill=0.5 hold=0",
+        "a W waits for an I due within W/2: wins under p*M_B, W short",
+        _greedy(0.5, 0.0),
+    ),
+    Candidate(
+        "greedy fill=0 hold=0.5",
+        "an F waits for an I due within F/2: wins under p*M_B, W long",
+        _greedy(0.0, 0.5),
+    ),
+    Candidate("greedy fill=0.5 hold=0.5", "both waits: wins under p*M_B", _greedy(0.5, 0.5)),
+    Candidate(
+        "reference heuristic",
+        "the paper's repo's zb.py: wins 55 of 300 between p and 2p*M_B, by up to 5%",
+        _heuristic,
+    ),
+    Candidate(
+        "ZB-H1",
+        "hand-written, 1F1B's memory: fastest at p*M_B when I > F; never worse",
+        _fixed(fixed.zb_h1),
+        handwritten=True,
+    ),
+    Candidate(
+        "ZB-H2",
+        "hand-written: a guarantee only (zb-auto is never worse where it fits)",
+        _fixed(fixed.zb_h2),
+        handwritten=True,
+    ),
+]
+_V = [
+    Candidate(
+        "paper's ZB-V",
+        "build_schedule('zb-v'): wins ties, usually fastest at the 2p default",
+        _fixed(fixed.zb_v),
+        handwritten=True,
+    ),
+    Candidate(
+        "greedy fill=0 hold=0", "a W fills any gap: the usual winner above 2p", _greedy(0.0, 0.0)
+    ),
+    Candidate(
+        "greedy fill=0 hold=0.5", "rare (3 of 800): W short, limit above 2p", _greedy(0.0, 0.5)
+    ),
+    Candidate(
+        "greedy fill=0 hold=1",
+        "rare (1 of 800): kept so the old zb-v's search is unchanged",
+        _greedy(0.0, 1.0),
+    ),
+    Candidate(
+        "greedy fill=0.5 hold=0",
+        "a W waits for an I due within W/2: wins with comm, small m",
+        _greedy(0.5, 0.0),
+    ),
+    Candidate(
+        "greedy fill=0.5 hold=0.5", "both waits, half: wins with comm when W < I", _greedy(0.5, 0.5)
+    ),
+    Candidate("greedy fill=0.5 hold=1", "rare (5 of 800): comm, I >= F", _greedy(0.5, 1.0)),
+    Candidate(
+        "greedy fill=1 hold=0",
+        "a W waits for an I due within W: wins when W is short, F > I",
+        _greedy(1.0, 0.0),
+    ),
+    Candidate(
+        "greedy fill=1 hold=0.5",
+        "wins under 2p with short W and few microbatches",
+        _greedy(1.0, 0.5),
+    ),
+    Candidate(
+        "greedy fill=1 hold=1", "both waits, whole: wins when I > F and m < 2p", _greedy(1.0, 1.0)
+    ),
+]
+CANDIDATES: dict[str, list[Candidate]] = {"linear": _LINEAR, "v": _V}
