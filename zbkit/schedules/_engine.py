@@ -33,8 +33,8 @@ def tables() -> tuple[dict[str, int], dict[str, tuple[tuple[int, int], ...]]]:
 
 def dependencies(a: Action, last_stage: int) -> list[tuple[int, int, int]]:
     """(what, stage, microbatch) that `a` waits for; what as in the module docstring."""
-    s, needs = a.stage, tables()[1][a.kind]
-    return [(w, s + d, a.microbatch) for w, d in needs if 0 <= s + d <= last_stage]
+    stages = last_stage + 1
+    return [(_WHAT[p], s, a.microbatch) for p, s in a.info.needs_of(a.stage, stages)]
 
 
 class Stuck(Exception):
