@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, NamedTuple
 
-from zbkit.schedules import Costs, Event, bubble_rate, memory_steps
+from zbkit.schedules import Costs, Event, bubble_rate, memory_deltas, memory_steps
 from zbkit.schedules.events import CommEvent
 
 
@@ -112,7 +112,7 @@ class Trace:
         if number or mem_activation is not None or mem_weight is not None:  # the older form
             act = mem_activation if mem_activation is not None else costs if number else 1.0
             costs = Costs(mem_activation=act, mem_weight=mem_weight or 0.0)
-        per_stage = _weights(self.costs if costs is None else costs)
+        weights = (self.costs if costs is None else costs) or Costs()  # one, or one per stage
         events: dict[int, list[Event]] = {}
         for e in sorted(self.events, key=lambda e: (e.rank, e.start)):
             events.setdefault(e.rank, []).append(e)
@@ -123,23 +123,22 @@ class Trace:
         for rank in range(max([*events, *samples], default=-1) + 1):
             mine, record = events.get(rank, []), samples.get(rank, [])
             if not self.memory_samples:  # events alone (e.g. built by hand): the costs' rule
-                deltas = [per_stage(e.stage).memory(e.kind) for e in mine]
-                out.append(memory_steps(mine, deltas)[rank] if mine else [])
-                continue
-            if len(mine) != len(record):  # one sample per action; else say what was recorded
+                deltas = memory_deltas(mine, weights)
+            elif len(mine) != len(record):  # one sample per action; else say what was recorded
                 raise ValueError(
                     f"rank {rank} has {len(mine)} events but {len(record)} memory samples; a "
                     "trace records one of each per action"
                 )
-            held: dict[int, float] = {}  # stage -> weighted microbatches held
-            deltas, level = [], 0.0
-            for sample in record:
-                c = per_stage(sample.stage)
-                held[sample.stage] = (
-                    sample.activations * c.mem_activation + sample.weight_state * c.mem_weight
-                )
-                deltas.append(sum(held.values()) - level)
-                level += deltas[-1]
+            else:  # what the stages really held, weighted
+                held: dict[int, float] = {}  # stage -> weighted microbatches held
+                deltas, level = [], 0.0
+                for sample in record:
+                    c = weights if isinstance(weights, Costs) else weights[sample.stage]
+                    held[sample.stage] = (
+                        sample.activations * c.mem_activation + sample.weight_state * c.mem_weight
+                    )
+                    deltas.append(sum(held.values()) - level)
+                    level += deltas[-1]
             # the same rule as the simulator's: growth at an action's start, shrinking at its end
             out.append(memory_steps(mine, deltas)[rank] if mine else [])
         return out
@@ -232,12 +231,3 @@ class Trace:
             with open(path, "w") as f:
                 json.dump(doc, f)
         return doc
-
-
-def _weights(costs: Any):
-    """stage -> Costs, from one Costs, a list per stage, or None (``Costs()``)."""
-    if costs is None:
-        costs = Costs()
-    if isinstance(costs, Costs):
-        return lambda stage: costs
-    return lambda stage: costs[stage]
