@@ -189,13 +189,12 @@ def _memory(t: Timeline, costs: Any) -> dict[int, tuple[list[float], list[float]
     event list gets the one memory rule with `costs` (default `Costs()`). Every path places
     the changes by `zbkit.schedules.events`' rule.
     """
-    source = t.source
+    source, t0 = t.source, t.t0  # the source's own steps are on its clock: shift them
     if hasattr(source, "memory_for"):
         per_rank = source.memory_for(costs)
-        t0 = min((e.start for e in source.events), default=0.0)
     elif costs is None and isinstance(getattr(source, "memory", None), list):
-        per_rank, t0 = source.memory, min((e.start for e in source.events), default=0.0)
-    else:
+        per_rank = source.memory
+    else:  # the timeline's events are already shifted
         costs = costs if costs is not None else getattr(source, "costs", None)
         per_rank = memory_steps(t.events, memory_deltas(t.events, costs), t.num_ranks)
         t0 = 0.0
