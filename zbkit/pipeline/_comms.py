@@ -80,9 +80,6 @@ class P2P:
         self._wait_for = datetime.timedelta(seconds=timeout)
         self._pg = group if group is not None else dist.group.WORLD  # peers: group ranks
 
-    def new_step(self) -> None:
-        """A step starts: the agreed shapes stay; nothing else carries over."""
-
     def forget_shapes(self) -> None:
         """The next step agrees names, shapes and dtypes afresh (another batch size).
         Every rank of the pipeline must call it before the same step."""

@@ -173,7 +173,7 @@ class StepState:
         try:
             return self.inbox.pop(key)
         except KeyError:
-            what = "activations" if key[0] is Product.ACT else "output gradients"
+            what = key[0].words
             raise StageError(
                 f"{a} needs the {what} of stage {key[1]} microbatch {key[2]}, which have not "
                 "arrived: the program runs it before the action that produces them"

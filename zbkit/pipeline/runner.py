@@ -143,7 +143,6 @@ class ScheduleRunner:
             clock,
             cuda=self.backend == "nccl",  # GPU actions timed with CUDA events
         )
-        self.p2p.new_step()
         self.p2p.expect(self.plan.comms)
         reductions = []  # zbkit.parallel's averages in flight, one per stage
         done = 0  # compute actions finished: the position in this rank's program

@@ -31,6 +31,11 @@ class Product(StrEnum):
     ACT = "act"  # a forward's outputs: the next stage's forward consumes them
     GRAD = "grad"  # an input gradient: the previous stage's backward consumes it
 
+    @property
+    def words(self) -> str:
+        """What the consumer receives, in messages: "activations" or "output gradients"."""
+        return "activations" if self is Product.ACT else "output gradients"
+
 
 # The units of work a (stage, microbatch) needs, each exactly once, in this order.
 PARTS = ("F", "I", "W")

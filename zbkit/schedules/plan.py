@@ -32,9 +32,6 @@ class CommOp(StrEnum):
     RECV = "recv"
 
 
-_WORDS = {Product.ACT: "activations", Product.GRAD: "output gradients"}
-
-
 @dataclass(frozen=True, slots=True)
 class Comm:
     """One transfer in a rank's plan: ``what`` of (stage, microbatch) to or from ``peer``.
@@ -64,7 +61,7 @@ class Comm:
 
     def explain(self) -> str:
         """The transfer in words, for error messages."""
-        what = _WORDS[self.what]
+        what = self.what.words
         if self.op is CommOp.RECV:
             return (
                 f"receiving the {what} of stage {self.stage} microbatch {self.microbatch} from "
