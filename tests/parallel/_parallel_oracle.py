@@ -93,14 +93,21 @@ def params_match(a: nn.Module, b: nn.Module, rtol: float = 1e-5, atol: float = 1
 
 
 def backend_train(
-    backend, loader, epochs: int, opt_name: str, zero_first: bool = False, probe=None
+    backend,
+    loader,
+    epochs: int,
+    opt_name: str,
+    zero_first: bool = False,
+    probe=None,
+    plain_backward: bool = False,
 ):
     """The training loop of zbkit.parallel's docstring, run through `backend`.
 
     Returns (model, optimizer, scheduler).
 
     `zero_first` puts zero_grad() before backward (the other common loop order);
-    `probe(backend, model)` runs after each micro-step's backward.
+    `probe(backend, model)` runs after each micro-step's backward;
+    `plain_backward` calls `loss.backward()` where the docstring says `backend.backward(loss)`.
     """
     model = make_model()
     opt = make_optimizer(opt_name, model.parameters())
@@ -111,7 +118,11 @@ def backend_train(
             with backend.accumulate(model):
                 if zero_first:
                     opt.zero_grad()
-                backend.backward(loss_fn(model(x), y))
+                loss = loss_fn(model(x), y)
+                if plain_backward:
+                    loss.backward()
+                else:
+                    backend.backward(loss)
                 if probe is not None:
                     probe(backend, model)
                 opt.step()

@@ -7,6 +7,8 @@ rank's; for DDP, gradients differ across ranks after a non-synchronising micro-s
 (no_sync in effect) and agree after a synchronising one; the reduction counter moves
 only on synchronising micro-steps; all-reduces == optimizer steps x buckets (for FSDP,
 reduce-scatters == steps x sharded modules) with the closed-form byte counts.
+Then a plain `loss.backward()` in place of `backend.backward(loss)`: DDP still matches
+the oracle; FSDP (which cannot divide it) refuses it on the first micro-step.
 """
 
 from __future__ import annotations
@@ -111,7 +113,30 @@ def _rank_checks() -> dict:
                     assert backend.comm_stats.bytes == steps * step_bytes, label
                     assert sched.scheduler.last_epoch == steps, label
                     cases.append((name, k, batches, opt_name, steps, backend.comm_stats.reductions))
-    return {"rank": rank, "world": world, "local_rank": get_local_rank(), "cases": cases}
+
+    # plain loss.backward() inside the context (issue 15): DDP divides it through the
+    # parameters' hooks; FSDP refuses it, naming backend.backward(loss)
+    x, y = make_data(world, 7)
+    ref, _ = reference_train(x, y, 3, 2, "sgd")
+    loader = DataLoader(TensorDataset(x[rank], y[rank]), batch_size=BATCH)
+    model, _, _ = backend_train(
+        create_backend("ddp", grad_accum_steps=3), loader, 2, "sgd", plain_backward=True
+    )
+    assert params_match(model, ref), f"ddp plain loss.backward() rank={rank}: differs from oracle"
+    try:
+        backend_train(
+            create_backend("fsdp", grad_accum_steps=3), loader, 1, "sgd", plain_backward=True
+        )
+        plain = "fsdp accepted a plain loss.backward()"
+    except RuntimeError as e:
+        plain = str(e)
+    return {
+        "rank": rank,
+        "world": world,
+        "local_rank": get_local_rank(),
+        "cases": cases,
+        "plain": plain,
+    }
 
 
 def test_ddp_and_fsdp_match_single_process_oracle_on_two_gloo_ranks() -> None:
@@ -130,3 +155,6 @@ def test_ddp_and_fsdp_match_single_process_oracle_on_two_gloo_ranks() -> None:
     assert [r["local_rank"] for r in results] == [0, 1]  # one machine: local == global
     assert results[0]["cases"] == results[1]["cases"]
     assert len(results[0]["cases"]) == 24
+    for r in results:
+        assert "with the fsdp backend" in r["plain"], r["plain"]
+        assert "call backend.backward(loss) instead" in r["plain"], r["plain"]

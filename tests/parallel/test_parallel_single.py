@@ -241,3 +241,67 @@ def test_epoch_left_mid_window_warns_and_device_is_reported() -> None:
             break  # stop after one micro-step of a 3-step window
     with pytest.warns(RuntimeWarning, match="1 micro-step.*not yet stepped"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("zero_first", [False, True])
+@pytest.mark.parametrize("k", [2, 3])
+def test_plain_loss_backward_inside_accumulate_matches_oracle(k: int, zero_first: bool) -> None:
+    # Issue 15: a plain loss.backward() was neither counted (zero_grad wiped every
+    # micro-step) nor divided by the window's length. Now both loops train alike.
+    batches = 7  # a final partial window: its gradients are divided by 1 or 2, not k
+    x, y = make_data(WORLD, batches)
+    ref, ref_steps = reference_train(x, y, k, epochs=2, opt_name="sgd")
+    backend = SingleBackend(k)
+    model, _, _ = backend_train(
+        backend, concat_loader(x, y), 2, "sgd", zero_first=zero_first, plain_backward=True
+    )
+    assert params_match(model, ref)
+    assert backend.optimizer_steps == ref_steps
+
+
+def test_plain_and_backend_backward_mix_and_terms_outside_the_output_are_divided() -> None:
+    # A loss term that reaches the parameters without passing through the model's output
+    # (weight decay written into the loss) is divided like the rest.
+    def losses(model, xb, yb):
+        return loss_fn(model(xb), yb) + 0.1 * sum(p.square().sum() for p in model.parameters())
+
+    k, batches = 3, 6
+    x, y = make_data(WORLD, batches)
+    loader = concat_loader(x, y)
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    batches_seen = list(loader)
+    for start in range(0, batches, k):
+        ref_opt.zero_grad()
+        torch.stack(
+            [losses(ref, xb, yb) for xb, yb in batches_seen[start : start + k]]
+        ).mean().backward()
+        ref_opt.step()
+
+    backend = SingleBackend(k)
+    model = make_model()
+    model, opt, loader, _ = backend.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), loader
+    )
+    for i, (xb, yb) in enumerate(loader):
+        with backend.accumulate(model):
+            loss = losses(model, xb, yb)
+            if i % 2:
+                backend.backward(loss)  # divided once, not twice
+            else:
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert params_match(model, ref)
+
+
+def test_plain_backward_outside_accumulate_is_an_error_when_accumulating() -> None:
+    # Without the context the backend cannot tell the window: it would step every batch.
+    backend = SingleBackend(3)
+    model, _, _, _ = backend.prepare(make_model())
+    with pytest.raises(RuntimeError, match=r"outside `with backend.accumulate\(model\):`.*=3"):
+        model(torch.ones(1, 3)).sum().backward()
+    one = SingleBackend(1)  # k = 1: every batch is its own window, nothing to get wrong
+    model, _, _, _ = one.prepare(make_model())
+    model(torch.ones(1, 3)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

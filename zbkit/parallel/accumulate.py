@@ -14,6 +14,11 @@ divided by 2, not 4, so every optimizer step sees a mean gradient.
 `GradientWindow` holds that state; the prepared dataloader announces each batch's
 position, the backend's `accumulate()` turns it into `sync_gradients`, and the
 optimizer/scheduler wrappers only act when `sync_gradients` is True.
+
+A plain `loss.backward()` inside the context trains the same as `backend.backward(loss)`:
+`prepare` hooks every parameter (`GradientWindow.parameter_grad`), so each gradient that
+reaches one is seen (zero_grad then keeps it for the window's step) and, unless
+`backend.backward` already divided its loss, divided by the window's length.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
+import torch
 from torch.optim import Optimizer
 
 
@@ -39,8 +45,9 @@ class GradientWindow:
         self.length = self.steps  # length of the current window (shorter at an epoch's end)
         self.position = 0  # index of the current micro-step inside its window
         self.optimizer_steps = 0  # optimizer steps actually taken
-        self.unconsumed_backwards = 0  # backward()s since the optimizer last stepped
+        self.grads_pending = False  # gradients reached .grad since the optimizer last stepped
         self.in_micro_step = False  # inside `with backend.accumulate(model):`
+        self.loss_divided = False  # inside backend.backward(), whose loss is already divided
         self._announced: tuple[int, int] | None = None  # (position, length) from the loader
         self._counted = 0  # micro-steps counted when no prepared loader announces them
 
@@ -61,6 +68,31 @@ class GradientWindow:
 
     def end_micro_step(self) -> None:
         self.in_micro_step = False
+
+    def parameter_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """Hook on every prepared parameter: runs on each gradient before it enters `.grad`.
+
+        Dividing the gradient by the window's length is dividing the loss by it (the
+        gradient is linear in the loss), so a plain `loss.backward()` adds the same mean
+        as `backend.backward(loss)`, whichever loss terms reach the parameter.
+        (`torch.autograd.grad` on parameters inside the context is divided too.)
+        """
+        if not self.in_micro_step:
+            if self.steps > 1:
+                raise RuntimeError(self.outside_message())
+            return grad  # k = 1: every batch is a window of its own
+        self.grads_pending = True
+        if self.loss_divided or self.length == 1:
+            return grad
+        return grad / self.length
+
+    def outside_message(self) -> str:
+        return (
+            f"loss.backward() ran outside `with backend.accumulate(model):` with "
+            f"grad_accum_steps={self.steps}: the backend cannot tell which window this "
+            f"gradient belongs to (the optimizer would step on it alone); run the forward "
+            f"and the backward inside `with backend.accumulate(model):`"
+        )
 
 
 class AccumulatingLoader:
@@ -111,8 +143,9 @@ class AccumOptimizer:
     """Optimizer wrapper: `step()` acts only on a window's synchronising micro-step.
 
     `zero_grad()` never discards gradients the optimizer has not used yet, so both loop
-    orders work: `backward; step; zero_grad` and `zero_grad; backward; step`. (It counts
-    `backend.backward()` calls, so use that rather than `loss.backward()`.)
+    orders work: `backward; step; zero_grad` and `zero_grad; backward; step`. (The
+    parameters' hooks say when gradients arrived, from `backend.backward(loss)` or a
+    plain `loss.backward()` alike.)
     """
 
     def __init__(self, optimizer: Optimizer, window: GradientWindow) -> None:
@@ -127,13 +160,13 @@ class AccumOptimizer:
         if not self._window.sync_gradients:
             return None  # mid-window: keep accumulating
         self._window.optimizer_steps += 1
-        self._window.unconsumed_backwards = 0
+        self._window.grads_pending = False
         return self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        # Clearing is safe only when no backward() is waiting for an optimizer step:
+        # Clearing is safe only when no gradient is waiting for an optimizer step:
         # right after step(), or before a window's first backward (zero_grad-first loops).
-        if self._window.unconsumed_backwards == 0:
+        if not self._window.grads_pending:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @property

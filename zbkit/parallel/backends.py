@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
 
 from zbkit.parallel._comm_stats import CommStats, counting_allreduce_hook
 from zbkit.parallel._placement import place_replica, require_process_group
@@ -53,6 +54,7 @@ class TrainingBackend:
             )
         self._window = GradientWindow(grad_accum_steps)
         self._device = torch.device("cpu")
+        self._hooks: dict[int, RemovableHandle] = {}  # id(parameter) -> its window hook
 
     @classmethod
     def options(cls) -> list[str]:
@@ -123,6 +125,10 @@ class TrainingBackend:
             )
         self._window.reset()
         model = self._prepare_model(model)
+        for handle in self._hooks.values():  # a fresh prepare: the old model's hooks go
+            handle.remove()
+        self._hooks.clear()
+        self._hook_parameters(model)
         first = next(model.parameters(), None)
         self._device = first.device if first is not None else torch.device("cpu")
         if optimizer is not None:
@@ -144,6 +150,14 @@ class TrainingBackend:
         """The plain module inside whatever `prepare` wrapped it in."""
         return model
 
+    def _hook_parameters(self, model: nn.Module) -> None:
+        # Every gradient bound for a parameter passes the window first (counted, and
+        # divided when it comes from a plain loss.backward()); parameters unfrozen after
+        # prepare are hooked when the next micro-step begins.
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in self._hooks:
+                self._hooks[id(p)] = p.register_hook(self._window.parameter_grad)
+
     # --- one micro-step ------------------------------------------------------------------
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module) -> Iterator[None]:
@@ -155,6 +169,7 @@ class TrainingBackend:
         if self._window.in_micro_step:
             raise RuntimeError("backend.accumulate() is already active; do not nest it")
         self._check_model(model)
+        self._hook_parameters(model)
         self._window.begin_micro_step()
         try:
             if self._window.sync_gradients:
@@ -166,7 +181,12 @@ class TrainingBackend:
             self._window.end_micro_step()
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """`(loss / window length).backward()`: the window's gradients add up to a mean."""
+        """`(loss / window length).backward()`: the window's gradients add up to a mean.
+
+        A plain `loss.backward()` inside the context gives the same gradients (the
+        parameters' hooks divide them); this one also divides loss terms that reach
+        tensors other than the prepared model's parameters.
+        """
         if not self._window.in_micro_step:
             raise RuntimeError(
                 "backend.backward() must run inside `with backend.accumulate(model):` so it "
@@ -179,8 +199,12 @@ class TrainingBackend:
                 f"backend.backward() expects a scalar loss, got shape {tuple(loss.shape)}: "
                 f"reduce it first (e.g. loss.mean())"
             )
-        (loss / self._window.length).backward(**kwargs)
-        self._window.unconsumed_backwards += 1
+        self._window.grads_pending = True  # even if no prepared parameter gets a gradient
+        self._window.loss_divided = True  # the parameters' hooks must not divide again
+        try:
+            (loss / self._window.length).backward(**kwargs)
+        finally:
+            self._window.loss_divided = False
 
     def _check_model(self, model: nn.Module) -> None:
         pass

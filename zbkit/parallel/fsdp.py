@@ -9,6 +9,11 @@ every parameter (dim-0 shards, padded) and, per sharded module:
 Accumulation: `set_requires_gradient_sync(False)` on the micro-steps that don't end a
 window keeps full, unreduced gradients locally; the window's last backward reduce-scatters
 their sum once. Parameters become DTensors; `p.full_tensor()` gathers one back.
+
+Backward runs on gathered copies of the parameters, not on the sharded ones `prepare`
+hooks, so a plain `loss.backward()` cannot be divided by the window's length here: with
+grad_accum_steps > 1 it is caught where its gradient leaves the model's output, and
+refused (use `backend.backward(loss)`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -27,6 +33,18 @@ from torch.optim import Optimizer
 from zbkit.parallel._comm_stats import CommStats, count_reduce_scatter
 from zbkit.parallel._placement import place_replica, require_process_group
 from zbkit.parallel.backends import TrainingBackend
+
+
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a forward's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from _tensors(item)
 
 
 class FSDPBackend(TrainingBackend):
@@ -97,7 +115,27 @@ class FSDPBackend(TrainingBackend):
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(hook)
+        model.register_forward_hook(self._watch_output)
         return model
+
+    def _watch_output(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._window.steps == 1:
+            return  # a window of one: a plain loss.backward() is already the mean
+        for t in _tensors(output):
+            if t.requires_grad:
+                t.register_hook(self._refuse_plain_backward)
+
+    def _refuse_plain_backward(self, grad: torch.Tensor) -> None:
+        window = self._window
+        if not window.in_micro_step:
+            raise RuntimeError(window.outside_message())
+        if not window.loss_divided:
+            raise RuntimeError(
+                f"loss.backward() inside backend.accumulate() with the fsdp backend and "
+                f"grad_accum_steps={window.steps}: FSDP computes gradients on gathered copies "
+                f"of the parameters, so they cannot be divided by the window's length here; "
+                f"call backend.backward(loss) instead"
+            )
 
     def _check_model(self, model: nn.Module) -> None:
         if not isinstance(model, FSDPModule):
