@@ -479,3 +479,20 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_a_candidate_bug_surfaces_instead_of_being_skipped(monkeypatch):
+    """Issue 15: zb-auto skipped candidates whose timing raised IndexError / KeyError, so a
+    builder bug looked like "does not fit". Only a deadlock (Stuck) is a reason to skip."""
+    from dataclasses import replace
+
+    from zbkit.schedules import Action
+
+    def buggy(problem):  # stages that do not exist: timing them raises KeyError
+        return {r: [Action(r + 40, "F", 0)] for r in range(problem.pp)}
+
+    candidates = list(CANDIDATES["linear"])
+    candidates[0] = replace(candidates[0], build=buggy)
+    monkeypatch.setitem(CANDIDATES, "linear", candidates)
+    with pytest.raises((IndexError, KeyError)):
+        build_schedule("zb-auto", pp=3, microbatches=7, costs=Costs(F=1.25, I=1, W=1))

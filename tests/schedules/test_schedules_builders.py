@@ -90,10 +90,11 @@ def test_zb_v_zero_bubble_at_1f1b_peak_memory():
 def test_builders_refuse_bad_options():
     with pytest.raises(ValueError, match="takes no costs"):
         build_schedule("1f1b", pp=2, microbatches=2, costs=EQUAL)
-    # zb-v is the paper's construction: a limit or costs point to the search that takes them
+    # zb-v with costs or a limit is zb-auto's V search, under the same name
     for extra in ({"memory_limit": 6}, {"costs": UNEQUAL}):
-        with pytest.raises(ValueError, match=r"fixed ZB-V.*zb-auto.*placement='v'"):
-            build_schedule("zb-v", pp=2, microbatches=4, **extra)
+        got = build_schedule("zb-v", pp=2, microbatches=4, **extra)
+        want = build_schedule("zb-auto", pp=2, microbatches=4, placement="v", **extra)
+        assert got.program == want.program and got.name == "zb-v"
     with pytest.raises(ValueError, match="memory_limit=1 is too small.*at least 2"):
         build_schedule("zb-auto", pp=2, microbatches=4, placement="v", memory_limit=1)
     with pytest.raises(ValueError, match="placement must be one of"):
@@ -117,7 +118,7 @@ def test_a_broken_builder_output_is_caught_by_the_invariant():
         check_counts(moved)
 
 
-def test_cli_zb_auto_names_the_candidate_it_kept_and_zb_v_refuses_a_limit(capsys):
+def test_cli_zb_auto_and_zb_v_name_the_candidate_they_kept(capsys):
     import argparse
 
     from zbkit.schedules.cli import add_arguments
@@ -131,7 +132,36 @@ def test_cli_zb_auto_names_the_candidate_it_kept_and_zb_v_refuses_a_limit(capsys
     assert "zb-auto kept: paper's ZB-V (" in out and "bubble rate: 0.0000" in out
     unit = "chunk-microbatches, a chunk = 1/2 of a rank's layers x mem_activation"
     assert f"peak memory per rank ({unit}): 8, 8, 8, 8" in out
-    assert cli_main(parser.parse_args(["zb-v", "--memory-limit", "6"])) == 1
-    assert "placement='v'" in capsys.readouterr().err
+    # zb-v with a limit or costs is the V search, under its own name
+    assert cli_main(parser.parse_args(["zb-v", "--memory-limit", "6", "--costs", "2,3,1"])) == 0
+    out = capsys.readouterr().out
+    assert "zb-v kept: " in out and "Schedule('zb-v'" in out
+    assert f"peak memory per rank ({unit}): 6, 6, 6, 6" in out
+    assert cli_main(parser.parse_args(["zb-v"])) == 0  # the paper's: no search, no "kept"
+    assert "kept" not in capsys.readouterr().out
+    assert cli_main(parser.parse_args(["zb-v", "--costs", "2,3,1", "--placement", "linear"])) == 1
+    assert "drop --placement" in capsys.readouterr().err
     assert cli_main(parser.parse_args(["zb-h1", "--placement", "v"])) == 1
     assert "bad option 'placement'" in capsys.readouterr().err
+
+
+def test_every_closed_form_shown_is_the_simulated_bubble():
+    """Wherever `formulas.bubble` gives a number (the CLI and the explorer print it), it is
+    the simulation's; where its assumptions fail (zb-h1 with m < p) it gives none."""
+    from zbkit.schedules.formulas import CONDITIONS, bubble
+
+    shown = 0
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"):
+        for p, m in itertools.product((2, 3, 4, 6), range(1, 15)):
+            try:
+                schedule = build_schedule(name, pp=p, microbatches=m)
+            except ValueError:
+                continue  # interleaved-1f1b: m must be a multiple of p
+            for c in (Costs(1, 1, 1), Costs(2, 3, 1), Costs(1.5, 1.2, 0.5), Costs(1, 1, 2)):
+                form = bubble(name, p, m, schedule.stages_per_rank, c)
+                if form is not None:
+                    rate = simulate(schedule, c).bubble_rate
+                    assert rate == pytest.approx(form.rate, abs=1e-12), (name, p, m, c)
+                    shown += 1
+    assert shown > 500
+    assert bubble("zb-h1", 4, 2, 1, Costs()) is None and "m >= p" in CONDITIONS["zb-h1"]

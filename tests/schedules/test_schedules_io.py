@@ -96,3 +96,14 @@ def test_cli_prints_grid_bubble_closed_form_and_memory(tmp_path, capsys):
     path.write_text("0F0,0B0\n1B0,1F0\n")
     assert cli_main(parser.parse_args(["--load", str(path)])) == 1
     assert "<-- ERROR HERE" in capsys.readouterr().err
+    # issue 15: the closed form only where it holds; a bad --save path in one line
+    assert cli_main(parser.parse_args(["zb-h1", "--pp", "4", "-m", "2"])) == 0
+    out = capsys.readouterr().out
+    assert "bubble rate: 0.4545" in out and "0.3333" not in out
+    assert "closed form: does not apply here (it needs W <= min(F, I) and m >= p)" in out
+    assert cli_main(parser.parse_args(["zb-h1", "--costs", "1,1,1,0.1"])) == 0
+    assert "closed form: not shown (it leaves comm out" in capsys.readouterr().out
+    bad = str(tmp_path / "no" / "such" / "dir.csv")
+    assert cli_main(parser.parse_args(["zb-h1", "--save", bad])) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"zbkit schedule: cannot save to {bad}: No such file or directory"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules._build_greedy import greedy
 from zbkit.schedules._build_heuristic import best_heuristic
+from zbkit.schedules._build_v_heuristic import best_v_heuristic
 from zbkit.schedules._refine import best_sweep, defer_late_ws
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
@@ -72,6 +73,10 @@ def _deferred(problem: Problem) -> Program:
 
 def _heuristic(problem: Problem) -> Program:
     return best_heuristic(problem.costs, problem.m, problem.limit, give_up=problem.beat)
+
+
+def _v_heuristic(problem: Problem) -> Program:
+    return best_v_heuristic(problem.costs, problem.m, problem.limit)
 
 
 def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
@@ -173,6 +178,11 @@ _V = [
     ),
     Candidate(
         "greedy fill=1 hold=1", "both waits, whole: wins when I > F and m < 2p", _greedy(1.0, 1.0)
+    ),
+    Candidate(
+        "reference V heuristic",
+        "the paper's repo's zbv.py: so zb-auto is never slower than it (e.g. 74 vs 76)",
+        _v_heuristic,
     ),
 ]
 CANDIDATES: dict[str, list[Candidate]] = {"linear": _LINEAR, "v": _V}

@@ -73,8 +73,13 @@ def _v_placement(pp: int) -> list[int]:
     return [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
 
 
-def _zb_v(pp: int, m: int, name: str) -> Schedule:
-    return Schedule(fixed.zb_v(pp, m), _v_placement(pp), m, name)
+def _zb_v(pp: int, m: int, name: str, costs=None, memory_limit=None) -> Schedule:
+    """The paper's hand-written ZB-V; for given costs or a limit, the fastest V schedule
+    for them (zb-auto's V search, whose candidates include the paper's ZB-V and the
+    reference repo's V scheduler, so it is never slower than either)."""
+    if costs is None and memory_limit is None:
+        return Schedule(fixed.zb_v(pp, m), _v_placement(pp), m, name)
+    return zb_auto(pp, m, name, costs, memory_limit, placement="v")
 
 
 def _v_controllable(pp: int, m: int, name: str) -> Schedule:
@@ -102,12 +107,7 @@ _OPTIONS = {
     "looped-bfs": ("stages_per_rank",),
     "interleaved-zb": ("stages_per_rank",),
 }
-_ZB_V_IS_FIXED = (
-    "zb-v is the paper's fixed ZB-V construction (peak memory = 1F1B's: 2p half-stage "
-    "activations per rank); it takes no costs or memory_limit. To search V-shaped schedules "
-    "for your costs under a limit, use build_schedule('zb-auto', pp=..., microbatches=..., "
-    "placement='v', costs=..., memory_limit=...)"
-)
+_SEARCHES = ("zb-auto", "zb-v")  # the builders that take costs and memory_limit
 
 
 def _check(name: str, pp: int, microbatches: int) -> None:
@@ -131,16 +131,19 @@ def build_schedule(
 
     Options: `stages_per_rank` (interleaved-1f1b, looped-bfs, interleaved-zb; default 2);
     `costs`, `memory_limit` (in units of `Costs.mem_activation`) and `placement` ("linear"
-    or "v") for zb-auto, the only schedule that searches. zb-v is the paper's fixed
-    construction; zb-auto with placement="v" searches V-shaped schedules (see `explain_auto`).
+    or "v") for zb-auto, which searches (see `explain_auto`). zb-v without costs or a limit
+    is the paper's hand-written ZB-V; with them, zb-auto's V search (default limit 2p
+    half-stage activations, 1F1B's peak), never slower than the paper's ZB-V or the
+    reference repo's V scheduler.
     """
     _check(name, pp, microbatches)
-    if name == "zb-auto":
+    if name in _SEARCHES:
         options.update(costs=costs, memory_limit=memory_limit)
     elif costs is not None or memory_limit is not None:
-        if name == "zb-v":
-            raise ValueError(_ZB_V_IS_FIXED)
-        raise ValueError(f"{name} takes no costs/memory_limit (only zb-auto does)")
+        raise ValueError(
+            f"{name} takes no costs/memory_limit (its order is fixed; simulate it with "
+            "costs instead). zb-auto and zb-v build for costs under a limit"
+        )
     allowed = _OPTIONS.get(name, ())
     for option in options:
         if option not in allowed and option not in ("costs", "memory_limit"):

@@ -6,10 +6,12 @@ import argparse
 import sys
 
 from zbkit.schedules.builders import PLACEMENTS, SCHEDULES, build_schedule, explain_auto
-from zbkit.schedules.formulas import bubble
+from zbkit.schedules.formulas import CONDITIONS, bubble
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs, simulate
 from zbkit.schedules.validate import validate
+
+_DEFAULT_COSTS = "1,1,1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,10 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, default=4, help="pipeline ranks (default 4)")
     parser.add_argument("-m", "--microbatches", type=int, default=8, help="default 8")
     parser.add_argument(
-        "--costs", default="1,1,1", help="F,I,W[,comm[,M_B[,M_W]]] per stage (default 1,1,1)"
+        "--costs",
+        default=_DEFAULT_COSTS,
+        help="F,I,W[,comm[,M_B[,M_W]]] per stage (default 1,1,1)",
     )
     parser.add_argument(
-        "--memory-limit", type=float, default=None, help="zb-auto: in activations (M_B)"
+        "--memory-limit", type=float, default=None, help="zb-auto, zb-v: in activations (M_B)"
     )
     parser.add_argument(
         "--placement",
@@ -38,20 +42,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", metavar="PATH", help="read a torch-style CSV instead of building")
 
 
+def _searches(args: argparse.Namespace) -> bool:
+    """zb-auto always searches; zb-v does when given costs or a limit (else it is the
+    paper's hand-written ZB-V)."""
+    given = args.memory_limit is not None or args.costs != _DEFAULT_COSTS
+    return args.name == "zb-auto" or (args.name == "zb-v" and given)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         costs = Costs.parse(args.costs)
         if args.load:
             schedule = Schedule.load(args.load)
-        elif args.name == "zb-auto":  # the search: say which candidate it kept
+        elif _searches(args):  # say which candidate it kept
+            if args.name == "zb-v" and args.placement not in (None, "v"):
+                raise ValueError("zb-v: its placement is the V; drop --placement")
             found = explain_auto(
                 pp=args.pp,
                 microbatches=args.microbatches,
                 costs=costs,
                 memory_limit=args.memory_limit,
-                placement=args.placement or "linear",
+                placement="v" if args.name == "zb-v" else args.placement or "linear",
             )
             schedule, chosen = found.schedule, found.chosen
+            schedule.name = args.name
         elif args.name:
             options = {}  # only what was given: a builder refuses options it does not take
             for key in ("stages_per_rank", "memory_limit", "placement"):
@@ -70,8 +84,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"zbkit schedule: {kind}: {err}", file=sys.stderr)
         return 1
     print(repr(schedule))
-    if args.name == "zb-auto" and not args.load:
-        print(f"zb-auto kept: {chosen.name} ({chosen.reason})")
+    if _searches(args) and not args.load:
+        print(f"{args.name} kept: {chosen.name} ({chosen.reason})")
     print(schedule.to_grid())
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g})")
@@ -81,11 +95,19 @@ def main(args: argparse.Namespace) -> int:
     )
     if form is not None and not costs.comm:
         print(f"closed form: {form.rate:.4f}  ({form.formula} idle per rank)")
+    elif form is not None:
+        print("closed form: not shown (it leaves comm out; the simulation above has it)")
+    elif schedule.name in CONDITIONS:
+        print(f"closed form: does not apply here (it needs {CONDITIONS[schedule.name]})")
     v = schedule.stages_per_rank
     unit = f"chunk-microbatches, a chunk = 1/{v} of a rank's layers" if v > 1 else "microbatches"
     peaks = ", ".join(f"{m:.4g}" for m in sim.peak_memory)
     print(f"peak memory per rank ({unit} x mem_activation): {peaks}")
     if args.save:
-        schedule.save(args.save)
+        try:
+            schedule.save(args.save)
+        except OSError as err:
+            print(f"zbkit schedule: cannot save to {args.save}: {err.strerror}", file=sys.stderr)
+            return 1
         print(f"saved to {args.save}")
     return 0

@@ -26,7 +26,7 @@ def bubble(name: str, pp: int, m: int, v: int, costs: Any) -> ClosedForm | None:
     if name in ("gpipe", "1f1b", "interleaved-1f1b"):
         # interleaving shrinks the stage, not the count: costs here are per stage already
         formula, value = "(p-1)(F+I+W)", p1 * (f + i + w)
-    elif name == "zb-h1" and w <= min(f, i):
+    elif name == "zb-h1" and w <= min(f, i) and m >= pp:
         formula, value = "(p-1)(F+I-W)", p1 * (f + i - w)
     elif name == "zb-h2" and f == i == w and m >= 2 * pp - 1:
         formula, value = "0 (F = I = W, m >= 2p-1)", 0.0
@@ -38,6 +38,14 @@ def bubble(name: str, pp: int, m: int, v: int, costs: Any) -> ClosedForm | None:
         return None
     work = m * v * (f + i + w)
     return ClosedForm(formula, value, value / (value + work) if value + work > 0 else 0.0)
+
+
+# where each closed form holds: said instead of a number when `bubble` returns None
+CONDITIONS = {
+    "zb-h1": "W <= min(F, I) and m >= p",
+    "zb-h2": "m >= 2p (or F = I = W and m >= 2p-1)",
+    "zb-v": "F = I = W and m >= 2p",
+}
 
 
 def peak_memory(name: str, pp: int, m: int, v: int, costs: Any) -> tuple[str, list[float]] | None:
