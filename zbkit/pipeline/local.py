@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zbkit.pipeline._execute import LossFn, StepState, split_microbatches, timer
+from zbkit.pipeline._batch import split_batch
+from zbkit.pipeline._execute import LossFn, StepState, timer
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Trace
 from zbkit.schedules import Schedule, ScheduleError, validate
@@ -65,14 +66,17 @@ class LocalPipeline:
         the mean microbatch loss (one full-batch step).
         """
         m = self.schedule.microbatches
+        inputs, targets = split_batch(m, inputs, targets)
+        if inputs is None:
+            raise ValueError("step(inputs, ...) needs the inputs of stage 0, got None")
         state = StepState(
             dict(enumerate(self.stages)),
             list(self.schedule.stage_to_rank),
             m,
             self.loss_fn,
             self.scale_grads,
-            split_microbatches(inputs, m, "inputs"),
-            None if targets is None else split_microbatches(targets, m, "targets"),
+            inputs,
+            targets,
             timer(),
         )
         try:

@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from zbkit.parallel import average_gradients
+from zbkit.pipeline._batch import split_batch
 from zbkit.pipeline._comms import P2P, CommTimeout
-from zbkit.pipeline._execute import LossFn, StepState, split_microbatches
+from zbkit.pipeline._execute import LossFn, StepState
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Comm, CommOp, Schedule, derive_plan, validate
@@ -125,8 +126,11 @@ class ScheduleRunner:
                 f"rank {self.rank} holds the last stage ({last}), which computes the loss: pass "
                 "step(..., targets=...) on this rank"
             )
-        inputs = split_microbatches(inputs, m, "inputs") if 0 in self.stages else None
-        targets = split_microbatches(targets, m, "targets") if last in self.stages else None
+        # Whatever this rank was given is checked together (inputs against targets when
+        # both are here), even the part its stages do not use.
+        inputs, targets = split_batch(m, inputs, targets)
+        inputs = inputs if 0 in self.stages else None
+        targets = targets if last in self.stages else None
         if self.barrier:  # every rank starts the step together (asked for: it costs a trip)
             self._barrier()
         # Wall-clock seconds: one clock for every process on a host (and NTP-close across
