@@ -86,11 +86,13 @@ def test_schedule_explorer_numbers_are_the_simulation_and_the_closed_form():
     assert e.simulation.schedule.program == found.schedule.program
     assert e.simulation.bubble_rate == simulate(found.schedule, e.costs()).bubble_rate
     assert _number(e.numbers.value, "zb-auto kept").startswith(found.chosen.name)
-    e.controls["schedule"].value = "zb-v"  # the paper's construction: the limit is not used
+    e.controls["schedule"].value = "zb-v"  # with a limit: the builder's V search under it
     assert e.controls["placement"].layout.display == "none"
-    assert e.simulation.schedule.program == build_schedule("zb-v", pp=8, microbatches=32).program
-    assert "only compared: zb-v is a fixed schedule" in _number(e.numbers.value, "memory limit")
-    assert max(e.simulation.peak_memory) == 16 and "&gt; limit!" in e.numbers.value
+    zbv = build_schedule("zb-v", pp=8, microbatches=32, costs=e.costs(), memory_limit=5)
+    assert e.simulation.schedule.program == zbv.program
+    assert max(e.simulation.peak_memory) <= 5 and "limit!" not in e.numbers.value
+    e.controls["schedule"].value = "1f1b"  # a fixed schedule: the limit is only compared
+    assert "ignored by 1f1b" in _number(e.numbers.value, "memory limit")
 
     with pytest.raises(ValueError, match="multiple of pp"):
         e.controls["m"].value = 9
@@ -98,6 +100,43 @@ def test_schedule_explorer_numbers_are_the_simulation_and_the_closed_form():
     assert "cannot build" in e.numbers.value
     with pytest.raises(ValueError, match="unknown"):
         ScheduleExplorer("fast")
+
+
+def test_schedule_explorer_rebuilds_zb_v_for_its_limit_and_costs():
+    # Issue 15: zb-v was cached by (name, pp, m) alone and built without the limit: with
+    # the limit at 4 it showed peak 8, 8, 8, 8 "> limit!" where the builder gives 4, 4, 4, 4.
+    e = ScheduleExplorer("zb-v", pp=4, microbatches=8, memory_limit=4)
+
+    def shows_the_builders(limit: float) -> None:
+        costs = e.costs()
+        built = build_schedule("zb-v", pp=4, microbatches=8, costs=costs, memory_limit=limit)
+        assert e.simulation.schedule.program == built.program, (costs, limit)
+        peak = simulate(built, costs).peak_memory
+        assert _number(e.numbers.value, "peak memory per rank") == ", ".join(
+            f"{p:.3g}" for p in peak
+        )
+        assert max(peak) <= limit and "limit!" not in e.numbers.value
+        assert "steers the search" in _number(e.numbers.value, "memory limit")
+        # the paper's closed forms (2p, zero bubble) describe its construction, not this
+        assert "searched for these costs" in _number(e.numbers.value, "closed form")
+        assert "closed form 2p" not in e.numbers.value
+
+    shows_the_builders(4)
+    assert _number(e.numbers.value, "peak memory per rank") == "4, 4, 4, 4"
+    before = e.simulation.schedule.program
+    e.controls["W"].value = 0.5  # the costs are part of the cache key: a new V schedule
+    shows_the_builders(4)
+    assert e.simulation.schedule.program != before
+    e.controls["limit"].value = 6  # ... and so is the limit
+    shows_the_builders(6)
+    e.controls["W"].value = 1.0
+    e.controls["limit"].value = 4  # back to the first settings: the same schedule again
+    assert e.simulation.schedule.program == before
+
+    e.controls["limit"].value = 0  # no limit: the paper's construction, and it says so
+    assert e.simulation.schedule.program == build_schedule("zb-v", pp=4, microbatches=8).program
+    assert "paper's construction" in _number(e.numbers.value, "zb-v").replace("&#x27;", "'")
+    assert _number(e.numbers.value, "closed form 2p") == "8, 8, 8, 8"
 
 
 class _Stage(nn.Module):

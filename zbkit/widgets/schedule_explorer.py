@@ -4,9 +4,11 @@ Every change rebuilds the schedule, simulates it and redraws (about 0.1 s for p 
 `benchmarks/viz_speed.py` measures it). The picture goes into an `Image` widget, the numbers
 into an `HTML` one, and any error (a schedule that cannot be built) into the `Output`.
 
-Only zb-auto searches, so only zb-auto obeys the memory limit (and the costs): for the fixed
-schedules (zb-v included: the paper's construction) the limit is a line to compare against,
-and the numbers say so. zb-auto's placement ("linear" or ZB-V's "v") shows when it is chosen.
+Only the searches obey the memory limit (and the costs): zb-auto always, and zb-v once a
+limit is set (the builder's zb-v with a limit is the fastest V schedule under it for these
+costs; without one, the paper's construction). For the fixed schedules the limit is a line
+to compare against, and the numbers say so. zb-auto's placement ("linear" or ZB-V's "v")
+shows when it is chosen. Built schedules are cached by every argument the builder got.
 """
 
 from __future__ import annotations
@@ -114,25 +116,35 @@ class ScheduleExplorer(w.VBox):
             self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
             self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit, kept)
 
+    def _options(self, name: str, costs: Costs, limit: float | None) -> dict[str, Any]:
+        """What the builder gets besides pp and m: every control that changes the schedule.
+
+        The fixed schedules get nothing (costs and limit do not change their order), so a
+        cost slider re-simulates them without rebuilding.
+        """
+        if name == "zb-auto":
+            placement = self.controls["placement"].value
+            return {"costs": costs, "memory_limit": limit, "placement": placement}
+        if name == "zb-v" and limit is not None:  # the V search under the limit
+            return {"costs": costs, "memory_limit": limit}
+        return {}
+
     def _schedule(
         self, name: str, pp: int, m: int, costs: Costs, limit: float | None
     ) -> tuple[Any, Any]:
-        """Build, or reuse: only zb-auto depends on the costs and the limit, so moving a cost
-        slider re-simulates a fixed schedule without rebuilding (zb-auto's search takes most
-        of a redraw). Returns the schedule and, for zb-auto, the candidate it kept."""
-        auto = name == "zb-auto"
-        placement = self.controls["placement"].value
-        key = (name, pp, m) + ((costs, limit, placement) if auto else ())
+        """Build, or reuse (zb-auto's search takes most of a redraw). The cache key is the
+        builder's arguments, all of them. Returns the schedule and, for zb-auto, the
+        candidate it kept."""
+        options = self._options(name, costs, limit)
+        key = (name, pp, m, *sorted(options.items()))
         if key not in self._built:
             if len(self._built) >= 64:
                 self._built.clear()  # a slider sweep should not grow memory without bound
-            if auto:
-                found = explain_auto(
-                    pp=pp, microbatches=m, costs=costs, memory_limit=limit, placement=placement
-                )
+            if name == "zb-auto":
+                found = explain_auto(pp=pp, microbatches=m, **options)
                 self._built[key] = (found.schedule, found.chosen)
             else:
-                self._built[key] = (build_schedule(name, pp=pp, microbatches=m), None)
+                self._built[key] = (build_schedule(name, pp=pp, microbatches=m, **options), None)
         return self._built[key]
 
     def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None, kept: Any) -> str:
@@ -140,26 +152,34 @@ class ScheduleExplorer(w.VBox):
         rows = [["bubble rate", f"{sim.bubble_rate:.2%}"], ["makespan", f"{sim.makespan:.4g}"]]
         if kept is not None:  # zb-auto: which of its candidates won, and why it is there
             rows.append(["zb-auto kept", f"{kept.name} ({kept.reason})"])
-        if name == "zb-auto":
+        searched = name == "zb-auto" or (name == "zb-v" and limit is not None)
+        if searched:
             rows.append(["memory limit", "steers the search: peak memory stays under it"])
+        elif name == "zb-v":
+            rows.append(
+                ["zb-v", "the paper's construction; set a memory limit to search V schedules"]
+            )
         elif limit is not None:
             rows.append(
                 [
                     "memory limit",
-                    f"only compared: {name} is a fixed schedule (zb-auto searches under a "
-                    "limit; placement v for ZB-V's V)",
+                    f"ignored by {name} (a fixed schedule: its order does not change), only "
+                    "compared; zb-auto and zb-v build under a limit",
                 ]
             )
-        cf = bubble(name, pp, m, v, costs)
+        # the closed forms describe the fixed constructions, not what a search found
+        cf = None if searched else bubble(name, pp, m, v, costs)
         if cf is not None:
             note = " (ignores comm)" if costs.comm else ""
             rows.append([f"closed form {cf.formula}{note}", f"{cf.rate:.2%}"])
+        elif searched:
+            rows.append(["closed form", "none: searched for these costs (simulated only)"])
         else:
             rows.append(["closed form", "none for these settings (simulated only)"])
         peak = sim.peak_memory
         over = limit is not None and max(peak) > limit
         rows.append(["peak memory per rank", _fmt(peak) + ("  > limit!" if over else "")])
-        pm = peak_memory(name, pp, m, v, costs)
+        pm = None if searched else peak_memory(name, pp, m, v, costs)
         if pm is not None:
             rows.append([f"closed form {pm[0]}", _fmt(pm[1])])
         return table_html(["", "value"], rows)
