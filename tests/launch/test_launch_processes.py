@@ -192,3 +192,44 @@ def test_cluster_rank_death_stops_it(live_children):
     assert "The cluster has been stopped" in str(info.value)
     assert c.closed and live_children() == []
     c.close()  # closing twice is fine
+
+
+def exited(pid):
+    """Our child `pid` has exited (is waitable), looked at without reaping it (Popen still
+    must): a zombie leader thread alone can show while the other threads still exit."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def test_a_rank_that_dies_between_calls_is_reported_by_the_next_one(capsys, live_children):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from zbkit.launch.magics import ZbMagics
+
+    shell = InteractiveShell.instance()
+    magics = ZbMagics(shell)
+    shell.register_magics(magics)
+    shell.run_line_magic("zb_start", "-n 2")
+    cluster = magics.cluster
+    # rank 1 exits on its own a moment after the call returned: the cluster is idle then
+    (pid,) = cluster.exec(
+        "import os, threading\nthreading.Timer(0.3, os._exit, (7,)).start()\nos.getpid()",
+        ranks=[1],
+    )
+    deadline = time.monotonic() + 60
+    while not exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exited(pid), f"rank 1 (pid {pid}) did not exit within 60 s"
+    with pytest.raises(LaunchError) as info:
+        shell.run_cell_magic("zb", "", "1")  # the next call: was a bare BrokenPipeError
+    assert str(info.value) == (
+        "rank 1 died (exit code 7) while idle; cluster stopped. "
+        "Start a new one (in a notebook: %zb_start -n 2)."
+    )
+    assert cluster.closed and live_children() == []  # rank 0 was stopped too
+    shell.run_line_magic("zb_status", "")
+    out = capsys.readouterr().out
+    assert "2 ranks, backend='gloo', stopped (rank 1 died (exit code 7) while idle)" in out
+    with pytest.raises(LaunchError, match=r"^this cluster is stopped \(rank 1 died"):
+        cluster.run(len, "ab")  # every later call says why too
+    shell.run_line_magic("zb_stop", "")
+    assert "no cluster is running: Cluster(nprocs=2" in capsys.readouterr().out

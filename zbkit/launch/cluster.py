@@ -9,7 +9,7 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import Outcome, collect, describe
-from zbkit.launch._procs import LaunchError, RankGroup
+from zbkit.launch._procs import LaunchError, RankGroup, exit_status
 from zbkit.launch.launcher import check_timeout
 
 FAILURE_GRACE_S = 3.0  # after one rank fails, how long the others may still finish
@@ -23,6 +23,8 @@ class Cluster:
     that ``exec`` reads and writes like a REPL. An error on one rank raises LaunchError and
     the cluster stays usable when every rank answered; when a rank died, hung past
     `timeout` or was left waiting in a collective, the cluster is stopped and says so.
+    A rank that dies between calls is noticed by the next call (and by ``closed``,
+    ``status()`` and the repr): the cluster stops and the call raises LaunchError.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class Cluster:
 
     @property
     def closed(self) -> bool:
+        self._notice_idle_deaths()
         return self._stopped is not None
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
@@ -90,16 +93,25 @@ class Cluster:
         return self._call(ch.EXEC, payload, chosen, self.timeout if timeout is None else timeout)
 
     def _call(self, kind: str, payload: bytes, ranks: Iterable[int], timeout: Any) -> list[Any]:
-        if self._stopped is not None:
-            raise LaunchError(f"this cluster is stopped ({self._stopped}); start a new one")
         ranks = list(ranks)
         group = self._group
         group.set_output(sys.stdout, sys.stderr)  # the cell running now
+        died = self._notice_idle_deaths()  # prints their last output here
+        if died is not None:
+            raise LaunchError(f"{died}; cluster stopped. {self._restart}")
+        if self._stopped is not None:
+            raise LaunchError(f"this cluster is stopped ({self._stopped}). {self._restart}")
         group.drain()  # anything printed while idle (a background thread) shows here
         task_id, group.next_id = group.next_id, group.next_id + 1
         try:
             for rank in ranks:
-                group.send(rank, kind, task_id, payload)
+                try:
+                    group.send(rank, kind, task_id, payload)
+                except OSError:  # it died after the check above, or closed its channel
+                    group.status(rank)  # give its exit a moment to be seen
+                    why = self._notice_idle_deaths() or f"rank {rank} closed its control channel"
+                    self._stop(why)
+                    raise LaunchError(f"{why}; cluster stopped. {self._restart}") from None
             out = collect(
                 group, task_id, ranks, want=ch.RESULT, timeout=timeout, grace=FAILURE_GRACE_S
             )
@@ -128,6 +140,30 @@ class Cluster:
         )
         return LaunchError(describe(out, "Cluster call", "") + note, tracebacks)
 
+    @property
+    def _restart(self) -> str:
+        return f"Start a new one (in a notebook: %zb_start -n {self.nprocs})."
+
+    def _notice_idle_deaths(self) -> str | None:
+        """Ranks that exited between calls: stop the cluster and say why (once).
+
+        Nothing watches the ranks while the cluster is idle (the caller runs no thread), so
+        every call, ``closed``, ``status()`` and the repr look at the exit codes first.
+        """
+        if self._stopped is not None:
+            return None
+        group = self._group
+        dead = [rank for rank, proc in enumerate(group.procs) if proc.poll() is not None]
+        if not dead:
+            return None
+        group.drain()  # whatever they printed last
+        why = "; ".join(
+            f"rank {rank} died ({exit_status(group.procs[rank].returncode)}) while idle"
+            for rank in dead
+        )
+        self._stop(why)  # the others too: a collective could no longer match up
+        return why
+
     def _stop(self, why: str) -> None:
         if self._stopped is None:
             self._stopped = why
@@ -135,6 +171,7 @@ class Cluster:
 
     def status(self) -> str:
         """One line per rank: pid and whether it is alive."""
+        self._notice_idle_deaths()
         state = f"stopped ({self._stopped})" if self._stopped else "running"
         lines = [f"Cluster: {self.nprocs} ranks, backend={self.backend!r}, {state}"]
         for rank, proc in enumerate(self._group.procs):
@@ -155,5 +192,6 @@ class Cluster:
         self.close()
 
     def __repr__(self) -> str:
+        self._notice_idle_deaths()
         state = f"stopped: {self._stopped}" if self._stopped else "running"
         return f"Cluster(nprocs={self.nprocs}, backend={self.backend!r}) [{state}]"

@@ -56,9 +56,7 @@ class ZbMagics(Magics):
     def _running(self) -> Cluster:
         if self.cluster is None:
             raise UsageError("no cluster yet: start one with %zb_start -n 2")
-        if self.cluster.closed:
-            raise UsageError(f"{self.cluster!r}: start a new one with %zb_start -n N")
-        return self.cluster
+        return self.cluster  # a stopped one says why when asked to run (a LaunchError)
 
     @magic_arguments()
     @argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
@@ -103,8 +101,10 @@ class ZbMagics(Magics):
     @line_magic
     def zb_stop(self, line: str) -> None:
         """Stop the cluster's ranks."""
-        if self.cluster is None or self.cluster.closed:
+        if self.cluster is None:
             print("no cluster is running")
+        elif self.cluster.closed:
+            print(f"no cluster is running: {self.cluster!r}")
         else:
             self.cluster.close()
             print("stopped")
