@@ -7,6 +7,7 @@ cores one start costs seconds.
 import os
 import socket
 import sys
+import threading
 import time
 
 import cloudpickle
@@ -106,6 +107,14 @@ def test_launch_failures_raise_name_ranks_and_leave_nothing(live_children):
     start = time.monotonic()
     assert launch(lambda: 7, nprocs=2) == [7, 7]
     startup = time.monotonic() - start  # on this machine, now
+    with pytest.raises(LaunchError) as info:  # a result that cannot travel back: named
+        launch(lambda: 7 if os.environ["RANK"] == "0" else threading.Lock(), nprocs=2)
+    assert str(info.value).startswith(
+        "launch failed on rank 1.\n--- rank 1: status ---\nrank 1: TypeError: the result is a "
+        "_thread.lock, which cannot be pickled to travel back to the caller"
+    )
+    assert live_children() == []
+
     with pytest.raises(LaunchError) as info:
         launch(fail_on_one, 1, nprocs=2)  # each failing launch below also starts fine
     msg = str(info.value)
@@ -153,12 +162,20 @@ def test_cluster_keeps_state_survives_errors_returns_rich_values(capsys, live_ch
         assert "still usable" in msg
         assert c.exec("(x, y) if rank == 0 else x") == [(0, 10), 2]  # state kept
 
-        fig, gen = c.exec(
+        cell = (
             "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, rank])\n"
             "fig if rank == 0 else (i for i in range(3))"
         )
+        with pytest.raises(LaunchError) as info:  # a generator is no result to compute with
+            c.exec(cell)
+        msg = str(info.value)
+        assert msg.startswith("Cluster call failed on rank 1.") and "still usable" in msg
+        assert "rank 1: TypeError: the result is a generator, which cannot be pickled" in msg
+        fig, gen = c.exec(cell, display=True)  # what %%zb asks for: something to show
         assert isinstance(fig, RichResult) and "image/png" in fig.bundle
         assert isinstance(gen, RichResult) and "generator object" in gen.bundle["text/plain"]
+        with pytest.raises(LaunchError, match="rank 0: TypeError: the result is a generator"):
+            c.run(lambda: (i for i in range(3)))  # launch's path (a CALL) too
         graph = c.exec("import graphviz\ng = graphviz.Digraph()\ng.edge('a', str(rank))\ng")
         assert [g.source for g in graph] == [_digraph(r).source for r in range(2)]
 

@@ -99,7 +99,12 @@ def test_results_come_back_as_objects_or_as_their_display():
         def _repr_html_(self):
             return "<b>shown</b>"
 
-    back = pickle.loads(to_payload(Shown(), cloudpickle.dumps))
+    # a value to compute with must not come back as a picture of itself
+    with pytest.raises(TypeError, match=r"the result is a .*Shown, which cannot be pickled"):
+        to_payload(Shown(), cloudpickle.dumps)
+    with pytest.raises(TypeError, match=r"the result is a generator, which cannot be pickled"):
+        to_payload((i for i in range(2)), cloudpickle.dumps)
+    back = pickle.loads(to_payload(Shown(), cloudpickle.dumps, display=True))  # only if asked
     assert isinstance(back, RichResult)
     assert back.bundle["text/html"] == "<b>shown</b>"
     assert "could not be pickled" in back.note

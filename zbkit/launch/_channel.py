@@ -22,12 +22,12 @@ from typing import Any
 # parent -> rank
 SETUP = "setup"  # payload: dict (sys.path, backend): sent once, before torch is imported
 CALL = "call"  # payload: cloudpickle of (fn, args, kwargs, source lines or None)
-EXEC = "exec"  # payload: pickle of (code, cell_name)
+EXEC = "exec"  # payload: pickle of (code, cell_name, display: bool)
 STACKS = "stacks"  # no payload: answer with the main thread's current Python stack
 EXIT = "exit"  # no payload: leave now
 # rank -> parent
 READY = "ready"  # torch.distributed is initialised
-RESULT = "result"  # payload: pickle of the return value (or a RichResult)
+RESULT = "result"  # payload: pickle of the return value (a RichResult for a figure)
 ERROR = "error"  # payload: the formatted traceback (str bytes)
 FATAL = "fatal"  # setup failed before any task could run (payload: traceback)
 

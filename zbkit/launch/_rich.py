@@ -1,11 +1,14 @@
 """Values that come back from a rank as something to *display* rather than to use.
 
-A rank's last-expression value or return value travels back pickled. Two kinds don't:
-a matplotlib Figure (it would be rebuilt inside the kernel and re-registered with
-pyplot) and anything that cannot be pickled (an open file, a lock, a module). For
-those the rank builds a Jupyter mimebundle (PNG for a figure, the object's own
-``_repr_*_`` methods otherwise, always ``text/plain``) and sends a ``RichResult``,
-which renders in a notebook as the object did on the rank.
+A rank's last-expression value or return value travels back pickled. A matplotlib Figure
+does not (it would be rebuilt inside the kernel and re-registered with pyplot): the rank
+sends its PNG as a ``RichResult``, which renders in a notebook as the figure did on the rank.
+
+A value that cannot be pickled (an open file, a lock, a generator) is an error naming its
+type: ``launch`` and ``Cluster.run`` return values to compute with, and a display in their
+place would be a silent wrong result. Only when asked (``Cluster.exec(..., display=True)``,
+which ``%%zb`` uses to show a cell's value) does it come back as its display: a mimebundle
+built on the rank from the object's own ``_repr_*_`` methods, always with ``text/plain``.
 """
 
 from __future__ import annotations
@@ -71,12 +74,28 @@ def mimebundle(obj: Any) -> dict[str, Any]:
     return bundle
 
 
-def to_payload(value: Any, dumps: Any) -> bytes:
-    """Pickle a rank's value for the trip back, falling back to a RichResult."""
+def type_name(value: Any) -> str:
+    cls = type(value)
+    name = cls.__qualname__
+    return name if cls.__module__ == "builtins" else f"{cls.__module__}.{name}"
+
+
+def to_payload(value: Any, dumps: Any, display: bool = False) -> bytes:
+    """Pickle a rank's value for the trip back (a Figure as its PNG).
+
+    A value that cannot be pickled raises TypeError naming its type, or with `display`
+    comes back as a RichResult of its display.
+    """
     if is_figure(value):
         return dumps(RichResult(mimebundle(value), "a matplotlib Figure comes back as its PNG"))
     try:
         return dumps(value)
     except Exception as exc:
-        note = f"{type(value).__name__} could not be pickled ({exc}); this is its display"
+        if not display:
+            raise TypeError(
+                f"the result is a {type_name(value)}, which cannot be pickled to travel back "
+                f"to the caller ({type(exc).__name__}: {exc}); return plain data (numbers, "
+                "strings, lists, dicts, tensors) made from it"
+            ) from exc
+        note = f"{type_name(value)} could not be pickled ({exc}); this is its display"
         return dumps(RichResult(mimebundle(value), note))

@@ -172,17 +172,22 @@ def main() -> None:
         kind, task_id, payload = tasks.get()
         if kind == ch.EXIT:
             break
+        display = False  # a value that cannot be pickled is an error, unless exec asked
         try:
             if kind == ch.CALL:
                 fn, fn_args, fn_kwargs, source = ch.loads(payload)
                 fn = _with_source(fn, source)
                 value = fn(*fn_args, **fn_kwargs)
             else:
-                code, name = ch.loads(payload)
+                code, name, display = ch.loads(payload)
                 value = run_cell(code, name, namespace)
-            reply, data = ch.RESULT, to_payload(value, ch.dumps)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are reported too
             reply, data = ch.ERROR, _format_error(exc).encode()
+        else:
+            try:
+                reply, data = ch.RESULT, to_payload(value, ch.dumps, display)
+            except Exception as exc:  # the message is the news; pickle's frames are not
+                reply, data = ch.ERROR, f"rank {rank}: {type(exc).__name__}: {exc}\n".encode()
         sys.stdout.flush()  # output printed before the reply reaches the caller first
         sys.stderr.flush()
         with lock:

@@ -72,15 +72,27 @@ class Cluster:
             payload = ch.call_payload(fn, args, kwargs)
         except Exception as exc:
             raise LaunchError(
-                f"could not pickle fn and its arguments for the ranks: {exc}"
+                f"could not pickle {getattr(fn, '__name__', fn)!r} and its arguments for the "
+                f"ranks ({type(exc).__name__}: {exc}); pass plain data and create resources "
+                "inside fn"
             ) from exc
         return self._call(ch.CALL, payload, range(self.nprocs), self.timeout)
 
     def exec(
-        self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None
+        self,
+        code: str,
+        ranks: Iterable[int] | None = None,
+        timeout: float | None = None,
+        *,
+        display: bool = False,
     ) -> list[Any]:
         """Run `code` on `ranks` (default all) like a REPL cell: returns, per rank in the
-        order given, the value of a final expression (None when the code ends otherwise)."""
+        order given, the value of a final expression (None when the code ends otherwise).
+
+        A value that cannot be pickled is an error (LaunchError naming the rank and the
+        type); with ``display=True`` it comes back as a ``RichResult`` instead, which only
+        shows the value (``%%zb`` does this to display a cell's result).
+        """
         if not isinstance(code, str):
             raise TypeError(f"exec needs the code as a str, got {type(code).__name__}")
         check_timeout(timeout)
@@ -89,7 +101,7 @@ class Cluster:
         if bad or not chosen or len(set(chosen)) != len(chosen):
             raise ValueError(f"ranks must be distinct ints in 0..{self.nprocs - 1}, got {chosen!r}")
         name = f"<zb cell {self._group.next_id}>"  # shown in tracebacks, with the source
-        payload = pickle.dumps((code, name))
+        payload = pickle.dumps((code, name, bool(display)))
         return self._call(ch.EXEC, payload, chosen, self.timeout if timeout is None else timeout)
 
     def _call(self, kind: str, payload: bytes, ranks: Iterable[int], timeout: Any) -> list[Any]:

@@ -8,7 +8,8 @@
 
 The cluster lives on the magics object IPython keeps for this kernel (no module
 globals). The value of a cell's last expression is shown per rank; rich values (a
-graphviz graph, a matplotlib figure, anything with ``_repr_html_``) render as themselves.
+graphviz graph, a matplotlib figure, anything with ``_repr_html_``) render as themselves,
+and a value that cannot be pickled shows as its display (``Cluster.exec(display=True)``).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ZbMagics(Magics):
         cluster = self._running()
         ranks = _parse_ranks(args.rank)
         try:
-            values = cluster.exec(cell, ranks=ranks, timeout=args.timeout)
+            values = cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=True)
         except KeyboardInterrupt:
             print("interrupted: every rank was stopped; %zb_start to start again", file=sys.stderr)
             raise
