@@ -5,7 +5,9 @@ cores one start costs seconds.
 """
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -250,3 +252,56 @@ def test_a_rank_that_dies_between_calls_is_reported_by_the_next_one(capsys, live
         cluster.run(len, "ab")  # every later call says why too
     shell.run_line_magic("zb_stop", "")
     assert "no cluster is running: Cluster(nprocs=2" in capsys.readouterr().out
+
+
+PARENT = """
+import ctypes, os, sys
+from zbkit.launch import launch
+
+
+def stuck(folder):
+    path = os.path.join(folder, os.environ["RANK"])
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)  # there whole, or not at all
+    ctypes.PyDLL(None).sleep(600)  # a C call that keeps the GIL: no Python thread runs
+
+
+launch(stuck, sys.argv[1], nprocs=2)
+"""
+
+
+def rank_running(pid):
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and "zbkit.launch._worker" in proc.cmdline()
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_ranks_die_with_a_killed_parent_even_inside_a_c_call(tmp_path):
+    (tmp_path / "parent.py").write_text(PARENT)
+    with open(tmp_path / "parent.err", "w") as err:
+        parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path)],
+                                  stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    files = [tmp_path / "0", tmp_path / "1"]
+    deadline = time.monotonic() + 120  # two ranks importing torch on a busy machine
+    while not all(f.exists() for f in files) and time.monotonic() < deadline:
+        assert parent.poll() is None, (tmp_path / "parent.err").read_text()
+        time.sleep(0.1)
+    assert all(f.exists() for f in files), "the ranks did not start within 120 s"
+    pids = [int(f.read_text()) for f in files]
+    try:
+        time.sleep(0.5)  # well inside the C call now
+        parent.kill()  # SIGKILL: the launcher runs no cleanup of any kind
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while any(map(rank_running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in pids if rank_running(pid)] == []
+    finally:
+        for pid in pids:  # what a launcher without the parent-death signal leaves behind
+            if rank_running(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from multiprocessing.connection import wait as wait_any
@@ -165,6 +166,12 @@ class RankGroup:
             env.setdefault("NCCL_SOCKET_IFNAME", loopback)  # NCCL's bootstrap sockets
         if rank == 0:
             env["ZBKIT_STORE_FD"] = str(sock.fileno())
+        env.pop("ZBKIT_PARENT_PID", None)
+        if threading.current_thread() is threading.main_thread():
+            # the rank dies with this process (PR_SET_PDEATHSIG, Linux); from another thread
+            # it would die when that thread ends, so there the rank's watchdog thread alone
+            # guards against orphans
+            env["ZBKIT_PARENT_PID"] = str(os.getpid())
         proc = subprocess.Popen(
             [sys.executable, "-m", "zbkit.launch._worker"],
             stdin=subprocess.DEVNULL,

@@ -8,7 +8,12 @@ Life of a rank:
 
 A second thread owns the reading side of the channel: it answers "where are you?"
 (STACKS) even while the main thread is stuck in user code or a collective, and it
-kills this rank the moment the caller goes away, so a crashed kernel leaves no ranks.
+kills this rank (and its process group) the moment the caller goes away, so a crashed
+kernel leaves no ranks. That thread needs the GIL, which a C call can hold for ever (a
+long kernel, a ctypes call): so on Linux the rank also asks the kernel to SIGKILL it when
+the caller dies (``PR_SET_PDEATHSIG``), whatever it is doing. Processes a rank started
+itself are then not reached (unless they watch their parent, as DataLoader workers do).
+Elsewhere (macOS) the thread is the only guard.
 """
 
 from __future__ import annotations
@@ -140,7 +145,28 @@ def _reader(conn: Connection, tasks: queue.Queue, lock: threading.Lock, main_ide
             return
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this rank when the caller dies, GIL or no GIL.
+
+    The signal comes when the *thread* that started the rank ends, so the launcher asks for
+    it (sets ZBKIT_PARENT_PID) only when it starts ranks from its main thread, which lives
+    as long as the process does.
+    """
+    parent = os.environ.pop("ZBKIT_PARENT_PID", None)  # not for the user's subprocesses
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # from <linux/prctl.h>
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0) != 0:
+        return  # refused (a seccomp profile?): the control thread still guards
+    if os.getppid() != int(parent):  # the caller died before prctl: no signal will come
+        os._exit(1)
+
+
 def main() -> None:
+    _die_with_parent()  # first: a rank can die with its caller from here on
     faulthandler.enable()  # a segfault still prints a Python stack, labelled by the caller
     fd = int(os.environ.pop("ZBKIT_CONTROL_FD"))
     os.set_inheritable(fd, False)  # subprocesses the user starts must not get the channel
