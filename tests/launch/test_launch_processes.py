@@ -150,6 +150,10 @@ def test_cluster_keeps_state_survives_errors_returns_rich_values(capsys, live_ch
         assert c.exec("x = rank * 2\nprint('set', x)") == [None, None]
         assert c.exec("x + 1") == [1, 3]  # REPL: the last expression, per rank
         assert c.exec("x", ranks=[1]) == [2]
+        with pytest.raises(TypeError, match=r"ranks must be a list of ints such as \[0, 1\]"):
+            c.exec("x", ranks=1)
+        with pytest.raises(TypeError, match="timeout must be a number of seconds"):
+            c.exec("x", timeout="5")
         assert c.run(lambda a, b=0: a + b, 5, b=1) == [6, 6]
         assert c.exec("t = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\nt.tolist()") == [
             [3.0, 3.0],

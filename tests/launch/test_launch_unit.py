@@ -20,17 +20,30 @@ def add(a, b):
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"nprocs": 0}, "nprocs must be a positive int"),
-        ({"nprocs": True}, "nprocs must be a positive int"),
-        ({"nprocs": 2, "backend": "mpi"}, "backend must be one of"),
-        ({"nprocs": 2, "timeout": -1}, "timeout must be a positive number"),
+        ({"nprocs": 0}, ValueError, "nprocs must be a positive int"),
+        ({"nprocs": True}, TypeError, r"an int .*e\.g\. nprocs=2\), got True \(bool"),
+        ({"nprocs": "2"}, TypeError, r"nprocs must be an int .*got '2' \(str\)"),
+        ({"nprocs": 2.0}, TypeError, r"nprocs must be an int .*got 2\.0 \(float\)"),
+        ({"nprocs": 2, "backend": "mpi"}, ValueError, "backend must be one of"),
+        ({"nprocs": 2, "timeout": -1}, ValueError, "timeout must be a positive number"),
+        ({"nprocs": 2, "timeout": float("nan")}, ValueError, "timeout must be a positive number"),
+        ({"nprocs": 2, "timeout": "5"}, TypeError,
+         r"timeout must be a number of seconds \(e\.g\. timeout=60\) or None, got '5' \(str\)"),
+        ({"nprocs": 2, "timeout": True}, TypeError, "timeout must be a number of seconds"),
+        ({"nprocs": 2, "master_port": "29500"}, TypeError, "master_port must be an int port"),
+        ({"nprocs": 2, "master_port": 70000}, ValueError, r"master_port must be in 1\.\.65535"),
     ],
-)
-def test_bad_arguments_name_the_argument(kwargs, match, live_children):
-    with pytest.raises(ValueError, match=match):
-        launch(add, 1, 2, **kwargs)
+)  # fmt: skip
+def test_bad_arguments_name_the_argument(kwargs, error, match, live_children):
+    for start in (lambda: launch(add, 1, 2, **kwargs),
+                  lambda: Cluster(**kwargs)):  # fmt: skip
+        with pytest.raises(error, match=match) as info:
+            start()
+        assert "\n" not in str(info.value)  # one line, raised at the edge
+    with pytest.raises(error, match=match):  # before the pickling error of a worse mistake
+        launch(add, (i for i in range(3)), 1, **kwargs)
     assert live_children() == []
 
 

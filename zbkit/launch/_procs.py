@@ -8,6 +8,7 @@ leader of its own process group, so stopping it stops whatever it started too.
 
 from __future__ import annotations
 
+import numbers
 import os
 import signal
 import socket
@@ -80,11 +81,36 @@ def exit_status(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def check_args(nprocs: Any, backend: Any) -> None:
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+def _type(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_timeout(timeout: Any, name: str = "timeout") -> None:
+    """At the API's edge: a wrong type here would fail deep inside, in the wait loop."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(
+            f"{name} must be a number of seconds (e.g. {name}=60) or None, got {_type(timeout)}"
+        )
+    if not timeout > 0:  # nan too
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout!r}")
+
+
+def check_args(nprocs: Any, backend: Any, master_port: Any = None) -> None:
+    if isinstance(nprocs, bool) or not isinstance(nprocs, numbers.Integral):
+        raise TypeError(f"nprocs must be an int (the number of ranks, e.g. nprocs=2), got "
+                        f"{_type(nprocs)}")  # fmt: skip
+    if nprocs < 1:
         raise ValueError(f"nprocs must be a positive int (the number of ranks), got {nprocs!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if master_port is not None:
+        if isinstance(master_port, bool) or not isinstance(master_port, numbers.Integral):
+            raise TypeError(f"master_port must be an int port number or None (zbkit picks a "
+                            f"free one), got {_type(master_port)}")  # fmt: skip
+        if not 0 < master_port < 65536:
+            raise ValueError(f"master_port must be in 1..65535 or None, got {master_port!r}")
     if backend == "nccl":
         import torch
 
@@ -119,7 +145,7 @@ class RankGroup:
     """`nprocs` fresh worker processes with torch.distributed initialised among them."""
 
     def __init__(self, nprocs: int, backend: str = "gloo", master_port: int | None = None):
-        check_args(nprocs, backend)
+        check_args(nprocs, backend, master_port)
         self.nprocs, self.backend = nprocs, backend
         self.conns: dict[int, Any] = {}  # rank -> control connection, while it is open
         self.procs: list[subprocess.Popen] = []

@@ -9,8 +9,7 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import Outcome, collect, describe
-from zbkit.launch._procs import LaunchError, RankGroup, exit_status
-from zbkit.launch.launcher import check_timeout
+from zbkit.launch._procs import LaunchError, RankGroup, check_timeout, exit_status
 
 FAILURE_GRACE_S = 3.0  # after one rank fails, how long the others may still finish
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a few busy cores can take a while
@@ -96,6 +95,9 @@ class Cluster:
         if not isinstance(code, str):
             raise TypeError(f"exec needs the code as a str, got {type(code).__name__}")
         check_timeout(timeout)
+        if isinstance(ranks, str | int):  # one rank is [1]: "1" or 1 would be a guess
+            raise TypeError(f"ranks must be a list of ints such as [0, 1], or None for all; "
+                            f"got {ranks!r}")  # fmt: skip
         chosen = list(range(self.nprocs)) if ranks is None else list(ranks)
         bad = [r for r in chosen if not isinstance(r, int) or not 0 <= r < self.nprocs]
         if bad or not chosen or len(set(chosen)) != len(chosen):

@@ -8,14 +8,9 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import collect, describe
-from zbkit.launch._procs import LaunchError, RankGroup
+from zbkit.launch._procs import LaunchError, RankGroup, check_args, check_timeout
 
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others may still report
-
-
-def check_timeout(timeout: Any) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
 
 
 def launch(
@@ -43,6 +38,7 @@ def launch(
     if not callable(fn):
         raise TypeError(f"launch needs a callable first, got {type(fn).__name__}")
     check_timeout(timeout)
+    check_args(nprocs, backend, master_port)  # before pickling: the simpler mistake first
     try:
         payload = ch.call_payload(fn, args, kwargs)  # fail here, before any process starts
     except Exception as exc:
