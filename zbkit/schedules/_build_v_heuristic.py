@@ -31,9 +31,10 @@ one with the smallest worst span, as the reference does.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 
-from zbkit.schedules._build_greedy import SPLIT, _tables
+from zbkit.schedules._build_greedy import SPLIT, Slower, _tables
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
@@ -44,9 +45,11 @@ _BEFORE = {("F", 1): ("F", 0), ("I", 0): ("F", 1), ("I", 1): ("I", 0)}  # on the
 class _Build:
     """One build (phases 1-4) for one variant and one set of approved bubbles."""
 
-    def __init__(self, costs: list[Costs], m: int, limit: float, approved: list[float]):
+    def __init__(
+        self, costs: list[Costs], m: int, limit: float, approved: list[float], give_up: float
+    ):
         p = len(costs) // 2
-        self.p, self.m, self.limit = p, m, limit
+        self.p, self.m, self.limit, self.give_up = p, m, limit, give_up
         dur, mem = _tables(costs)
         # per rank and leg: the stage it is, and its durations and memory changes
         self.stage = {
@@ -63,9 +66,13 @@ class _Build:
         self.free = [0.0] * p  # when each rank is next free
         self.held = [0.0] * p
         self.bubble = [0.0] * p
+        self.worst = 0.0  # the largest bubble
+        self.work = [
+            m * sum(self.dur[r, k, leg] for k in SPLIT for leg in (0, 1)) for r in range(p)
+        ]
         self.first = [0.0] * p
         self.pending: list[deque] = [deque() for _ in range(p)]  # legs of the Ws owed
-        self.program: dict[int, list[Action]] = {r: [] for r in range(p)}
+        self.order: list[list[tuple[int, str, int]]] = [[] for _ in range(p)]  # (stage, kind, j)
         self.approved = approved
         self.most_approved = max(approved)
 
@@ -90,8 +97,9 @@ class _Build:
         return self.end.get(src, -1.0) + self.comm[src[0]]
 
     def worst_bubble(self, r: int = -1) -> float:
-        worst = max(0.0, *self.bubble)
-        return max(worst, self.most_approved - self.approved[r]) if r >= 0 else worst
+        if r < 0:
+            return self.worst
+        return max(self.worst, self.most_approved - self.approved[r])
 
     def put(self, r: int, kind: str, leg: int) -> None:
         key = (r, kind, leg)
@@ -110,7 +118,11 @@ class _Build:
                 raise ValueError(f"rank {r}: {kind} {j} on leg {leg} before its input")
             start = max(start, self.end[src] + self.comm[src[0]])
         if self.count[r, "F", 0]:
-            self.bubble[r] += start - self.free[r]
+            if start > self.free[r]:
+                self.bubble[r] += start - self.free[r]
+                self.worst = max(self.worst, self.bubble[r])
+                if self.work[r] + self.bubble[r] > self.give_up:
+                    raise Slower(f"rank {r}: work {self.work[r]:.6g} + bubble {self.bubble[r]:.6g}")
         elif kind == "F":
             self.first[r] = start
         self.free[r] = self.end[r, kind, leg, j] = start + self.dur[key]
@@ -118,7 +130,7 @@ class _Build:
         self.count[key] += 1
         if kind == "I":
             self.pending[r].append(leg)
-        self.program[r].append(Action(self.stage[key], kind, j))
+        self.order[r].append((self.stage[key], kind, j))
 
     def put_w(self, r: int) -> None:
         if not self.pending[r]:
@@ -217,43 +229,60 @@ class _Build:
     def span(self) -> float:
         return max(self.free[r] - self.first[r] for r in range(self.p))
 
+    def program(self) -> dict[int, list[Action]]:
+        return {r: [Action(*a) for a in actions] for r, actions in enumerate(self.order)}
+
 
 def v_heuristic(
-    costs: list[Costs], m: int, memory_limit: float, fill_i: bool, fill_f: bool
+    costs: list[Costs],
+    m: int,
+    memory_limit: float,
+    fill_i: bool,
+    fill_f: bool,
+    give_up: float = math.inf,
 ) -> tuple[dict[int, list[Action]], float]:
     """One variant, rebuilt with approved bubbles while its worst bubble shrinks: the
     program with the smallest worst bubble (earliest on ties) and its longest rank span.
-    ValueError if the first build cannot meet `memory_limit`."""
+    ValueError if the first build cannot meet `memory_limit`; `Slower` if it must end
+    slower than `give_up` (a rebuild that must is dropped)."""
     p = len(costs) // 2
+    give_up += 1e-9 * max(1.0, give_up) if give_up < math.inf else 0.0
     approved, best = [-1.0] * p, None
     while True:
-        build = _Build(costs, m, memory_limit, approved)
+        build = _Build(costs, m, memory_limit, approved, give_up)
         try:
             build.run(fill_i, fill_f)
-        except ValueError:
+        except (ValueError, Slower):
             if best is None:
                 raise
             break
-        worst = build.worst_bubble()
-        if best is None or worst < best.worst_bubble():
+        if best is None or build.worst < best.worst:
             best = build
-        if approved[0] >= 0 and not worst < max(approved):
+        if approved[0] >= 0 and not build.worst < max(approved):
             break
         approved = list(build.bubble)
-    return best.program, best.span()
+        give_up = min(give_up, best.span() + 1e-9 * max(1.0, best.span()))
+    return best.program(), best.span()
 
 
-def best_v_heuristic(costs: list[Costs], m: int, memory_limit: float) -> dict[int, list[Action]]:
-    """The best of the four variants (smallest longest rank span): ValueError if none fits."""
-    best, why = None, ""
+def best_v_heuristic(
+    costs: list[Costs], m: int, memory_limit: float, give_up: float = math.inf
+) -> dict[int, list[Action]]:
+    """The best of the four variants (smallest longest rank span): ValueError if none fits
+    the limit, `Slower` if none can end within `give_up`."""
+    best, why, slower = None, "", None
     for fill_i, fill_f in itertools.product((True, False), repeat=2):
+        beat = min(give_up, best[1]) if best else give_up
         try:
-            program, span = v_heuristic(costs, m, memory_limit, fill_i, fill_f)
+            program, span = v_heuristic(costs, m, memory_limit, fill_i, fill_f, beat)
         except ValueError as err:
             why = str(err)
+            continue
+        except Slower as err:
+            slower = err
             continue
         if best is None or span < best[1] - _EPS * max(1.0, abs(span)):
             best = (program, span)
     if best is None:
-        raise ValueError(why)
+        raise slower or ValueError(why)
     return best[0]
