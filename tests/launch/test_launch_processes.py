@@ -224,6 +224,7 @@ def exited(pid):
 
 
 def test_a_rank_that_dies_between_calls_is_reported_by_the_next_one(capsys, live_children):
+    from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
 
     from zbkit.launch.magics import ZbMagics
@@ -233,6 +234,18 @@ def test_a_rank_that_dies_between_calls_is_reported_by_the_next_one(capsys, live
     shell.register_magics(magics)
     shell.run_line_magic("zb_start", "-n 2")
     cluster = magics.cluster
+    for magic, line, match in (
+        ("zb", "--rank 5", r"%%zb: ranks must be distinct ints in 0\.\.1"),
+        ("zb", "--rank a", "--rank takes comma-separated ints"),
+        ("zb", "--timeout 0", "%%zb: timeout must be a positive number"),
+        ("zb_start", "-n 0", "%zb_start: nprocs must be a positive"),
+    ):
+        with pytest.raises(UsageError, match=match):
+            if magic == "zb":
+                shell.run_cell_magic(magic, line, "1")
+            else:
+                shell.run_line_magic(magic, line)
+    assert magics.cluster is cluster and not cluster.closed  # a typo costs nothing
     # rank 1 exits on its own a moment after the call returned: the cluster is idle then
     (pid,) = cluster.exec(
         "import os, threading\nthreading.Timer(0.3, os._exit, (7,)).start()\nos.getpid()",

@@ -148,3 +148,38 @@ def test_from_zbkit_import_launch_is_callable_even_after_the_package_is_imported
     assert package.Cluster is Cluster and zbkit.LaunchError is LaunchError
     with pytest.raises(ValueError, match="nprocs must be a positive int"):
         launch_name(add, 1, 2, nprocs=0)  # calling the package calls launch()
+
+
+@pytest.fixture
+def zb_shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from zbkit.launch.magics import ZbMagics
+
+    shell = InteractiveShell.instance()
+    shell.register_magics(ZbMagics(shell))
+    return shell
+
+
+@pytest.mark.parametrize(
+    "magic, line, match",
+    [
+        ("zb_start", "-n 0", "%zb_start: nprocs must be a positive int"),
+        ("zb_start", "-n 2 --timeout -1", "%zb_start: --timeout must be a positive number"),
+        ("zb_start", "-n 2 --timeout nan", "%zb_start: --timeout must be a positive number"),
+        ("zb_start", "-n x", "invalid int value"),
+        ("zb_start", "", "required: -n"),
+        ("zb_start", "-n 2 --backend mpi", "invalid choice"),
+        ("zb_stop", "now", "%zb_stop takes no arguments, got 'now'"),
+        ("zb_status", "-v", "%zb_status takes no arguments"),
+        ("zb", "", "no cluster yet: start one with %zb_start -n 2"),
+    ],
+)
+def test_magic_misuse_is_one_usage_line(zb_shell, magic, line, match, live_children):
+    from IPython.core.error import UsageError
+
+    run = zb_shell.run_cell_magic if magic == "zb" else zb_shell.run_line_magic
+    with pytest.raises(UsageError, match=match) as info:
+        run(magic, line, "1") if magic == "zb" else run(magic, line)
+    assert "\n" not in str(info.value)  # IPython shows a UsageError as this one line
+    assert live_children() == []

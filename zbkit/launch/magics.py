@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from zbkit.launch._procs import BACKENDS
+from zbkit.launch._procs import BACKENDS, check_args, check_timeout
 from zbkit.launch._rich import RichResult, is_figure
 from zbkit.launch.cluster import Cluster
 
@@ -36,6 +36,11 @@ def _parse_ranks(text: str | None) -> list[int] | None:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise UsageError(f"--rank takes comma-separated ints such as 0,1; got {text!r}") from None
+
+
+def _no_arguments(name: str, line: str) -> None:
+    if line.strip():
+        raise UsageError(f"%{name} takes no arguments, got {line.strip()!r}")
 
 
 def _is_rich(value: Any) -> bool:
@@ -67,6 +72,11 @@ class ZbMagics(Magics):
     def zb_start(self, line: str) -> None:
         """Start ranks that keep their state between %%zb cells (stops a previous cluster)."""
         args = parse_argstring(self.zb_start, line)
+        try:  # before stopping the running cluster: a typo must not cost it
+            check_args(args.nprocs, args.backend)
+            check_timeout(args.timeout, "--timeout")
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"%zb_start: {exc}") from None
         if self.cluster is not None and not self.cluster.closed:
             self.cluster.close()
             print("stopped the previous cluster")
@@ -88,8 +98,8 @@ class ZbMagics(Magics):
         except KeyboardInterrupt:
             print("interrupted: every rank was stopped; %zb_start to start again", file=sys.stderr)
             raise
-        except ValueError as exc:  # bad --rank: a usage problem, not a traceback
-            raise UsageError(str(exc)) from None
+        except (TypeError, ValueError) as exc:  # bad --rank or --timeout: one line
+            raise UsageError(f"%%zb: {exc}") from None
         for rank, value in zip(ranks or range(cluster.nprocs), values, strict=True):
             if value is None:
                 continue
@@ -102,6 +112,7 @@ class ZbMagics(Magics):
     @line_magic
     def zb_stop(self, line: str) -> None:
         """Stop the cluster's ranks."""
+        _no_arguments("zb_stop", line)
         if self.cluster is None:
             print("no cluster is running")
         elif self.cluster.closed:
@@ -114,6 +125,7 @@ class ZbMagics(Magics):
     @line_magic
     def zb_status(self, line: str) -> None:
         """Show the ranks, their pids and whether they are alive."""
+        _no_arguments("zb_status", line)
         print(self.cluster.status() if self.cluster is not None else "no cluster")
 
 
