@@ -145,6 +145,56 @@ def test_launch_failures_raise_name_ranks_and_leave_nothing(live_children):
     assert live_children() == []
 
 
+def pipeline_fails_on_rank_1():
+    """Rank 1's stage raises at its first forward while rank 0 waits for its gradient; rank 1
+    tears its process group down on the way out, as a torchrun script's finally does."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from zbkit.pipeline import PipelineStage, ScheduleRunner
+    from zbkit.schedules import build_schedule
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            if dist.get_rank() == 1:
+                raise ValueError("bad microbatch on rank 1")
+            return {"x": self.lin(x)}
+
+    rank = dist.get_rank()
+    schedule = build_schedule("1f1b", pp=2, microbatches=4)
+    runner = ScheduleRunner(schedule, PipelineStage(Stage(), rank, 2),
+                            lambda out, y: (out["x"] - y).pow(2).mean(), timeout=60)  # fmt: skip
+    x = torch.ones(8, 4)
+    try:
+        runner.step(x if rank == 0 else None, targets=x if rank == 1 else None)
+    finally:
+        if rank == 1:
+            dist.destroy_process_group()  # closes its connections: rank 0's wait fails now
+
+
+def test_the_rank_that_failed_first_is_listed_first_and_echoes_are_not_timeouts(live_children):
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(pipeline_fails_on_rank_1, nprocs=2, timeout=120)
+    msg = str(info.value)
+    assert time.monotonic() - start < 100  # not the runner's 60 s timeout
+    head, first, second = msg.split("--- rank ")
+    assert head == "launch failed on rank 1; then rank 0 failed waiting on another rank.\n"
+    assert first.startswith("1: traceback ---") and "ValueError: bad microbatch on rank 1" in first
+    assert second.startswith("0: traceback ---")
+    assert "gave up after" not in second  # it did not wait 60 s: rank 1's connection closed
+    echo = ("rank 0: the connection to rank 1 failed while receiving the output gradients of "
+            "stage 0 microbatch 0 from rank 1, which 0B0 needs (not a timeout)")  # fmt: skip
+    assert echo in second
+    assert list(info.value.tracebacks) == [1, 0]  # causes first there too
+    assert live_children() == []
+
+
 def test_cluster_keeps_state_survives_errors_returns_rich_values(capsys, live_children):
     with Cluster(nprocs=2) as c:
         assert c.exec("x = rank * 2\nprint('set', x)") == [None, None]

@@ -183,3 +183,17 @@ def test_magic_misuse_is_one_usage_line(zb_shell, magic, line, match, live_child
         run(magic, line, "1") if magic == "zb" else run(magic, line)
     assert "\n" not in str(info.value)  # IPython shows a UsageError as this one line
     assert live_children() == []
+
+
+def test_a_failure_waiting_on_another_rank_is_listed_after_the_cause():
+    from zbkit.launch._collect import Outcome, describe
+
+    out = Outcome(failures={0: "CommTimeout: rank 0: the connection to rank 1 failed",
+                            2: "Traceback ...\nValueError: bad", 1: "RuntimeError: also"},
+                  waiting={0})  # fmt: skip
+    assert list(out.causes_first()) == [2, 1, 0]  # arrival order, echoes last
+    msg = describe(out, "launch", "stopped")
+    assert msg.startswith("launch failed on ranks 1, 2; then rank 0 failed waiting on another")
+    assert msg.index("--- rank 2:") < msg.index("--- rank 1:") < msg.index("--- rank 0:")
+    out = Outcome(failures={1: "timed out", 0: "timed out"}, waiting={0, 1})
+    assert describe(out, "launch", "stopped").startswith("launch failed on ranks 0, 1.")

@@ -29,6 +29,7 @@ EXIT = "exit"  # no payload: leave now
 READY = "ready"  # torch.distributed is initialised
 RESULT = "result"  # payload: pickle of the return value (a RichResult for a figure)
 ERROR = "error"  # payload: the formatted traceback (str bytes)
+WAITING_ERROR = "waiting-error"  # as ERROR, from a rank that failed waiting on another rank
 FATAL = "fatal"  # setup failed before any task could run (payload: traceback)
 
 

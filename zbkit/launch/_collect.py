@@ -17,6 +17,7 @@ STACKS_WAIT_S = 2.0  # how long a hung rank gets to say where it is
 class Outcome:
     results: dict[int, Any] = field(default_factory=dict)  # rank -> value
     failures: dict[int, str] = field(default_factory=dict)  # rank -> traceback, in arrival order
+    waiting: set[int] = field(default_factory=set)  # failed waiting on another rank: echoes
     died: set[int] = field(default_factory=set)  # ranks whose process is gone
     running: list[int] = field(default_factory=list)  # ranks that never answered
     stacks: dict[int, str] = field(default_factory=dict)  # rank -> stack, after a timeout
@@ -25,6 +26,13 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.failures and not self.running
+
+    def causes_first(self) -> dict[int, str]:
+        """The failures, the ranks that failed on their own first (in arrival order), then
+        those that failed waiting on another rank: the cause leads even when its echo (a
+        peer's closed connection) arrived first."""
+        order = sorted(self.failures, key=lambda rank: rank in self.waiting)  # stable
+        return {rank: self.failures[rank] for rank in order}
 
 
 def collect(
@@ -67,10 +75,12 @@ def collect(
                     continue  # a late answer to an earlier request
                 elif kind == ch.FATAL:
                     out.failures[rank] = "could not start:\n" + payload.decode()
-                elif tid != task_id or kind not in (want, ch.ERROR):
+                elif tid != task_id or kind not in (want, ch.ERROR, ch.WAITING_ERROR):
                     continue  # READY before the first result, stale stacks...
-                elif kind == ch.ERROR:
+                elif kind in (ch.ERROR, ch.WAITING_ERROR):
                     out.failures[rank] = payload.decode()
+                    if kind == ch.WAITING_ERROR:
+                        out.waiting.add(rank)
                 else:
                     try:
                         out.results[rank] = ch.loads(payload) if kind == ch.RESULT else None
@@ -119,12 +129,16 @@ def describe(out: Outcome, what: str, after: str) -> str:
         )
         blocks = [f"--- rank {r}: stack ---\n{out.stacks[r]}" for r in out.running]
     else:
-        head = f"{what} failed on {_ranks(out.failures)}"
+        first = [r for r in out.failures if r not in out.waiting] or list(out.failures)
+        head = f"{what} failed on {_ranks(first)}"
+        echoes = [r for r in out.failures if r not in first]
+        if echoes:
+            head += f"; then {_ranks(echoes)} failed waiting on another rank"
         if out.running:
             head += f"; {_ranks(out.running)} did not finish ({after})"
         head += "."
         blocks = []
-    for rank, text in out.failures.items():  # arrival order: the first failure is the cause
+    for rank, text in out.causes_first().items():  # the cause first
         label = "traceback" if text.startswith("Traceback") else "status"
         blocks.append(f"--- rank {rank}: {label} ---\n{text.rstrip()}\n")
     return "\n".join([head, *blocks])

@@ -100,6 +100,24 @@ def run_cell(code: str, name: str, namespace: dict[str, Any]) -> Any:
     return eval(compile(last, name, "eval"), namespace) if last is not None else None
 
 
+# A wait that fails with these words failed because the other end went away.
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def _waiting_on_peer(exc: BaseException | None) -> bool:
+    """Did this rank fail *waiting on another rank*: a timeout, or a connection that the
+    other end closed (torch.distributed's errors, the pipeline's CommTimeout)? Such a
+    failure is usually the echo of another rank's, so the report lists it after those."""
+    import torch.distributed as dist
+
+    peer_errors = (TimeoutError, getattr(dist, "DistError", TimeoutError))
+    while exc is not None:  # the error itself and what it was raised from
+        if isinstance(exc, peer_errors) or any(s in str(exc).lower() for s in _PEER_GONE):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def _init_distributed(backend: str) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
@@ -208,7 +226,8 @@ def main() -> None:
                 code, name, display = ch.loads(payload)
                 value = run_cell(code, name, namespace)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are reported too
-            reply, data = ch.ERROR, _format_error(exc).encode()
+            reply = ch.WAITING_ERROR if _waiting_on_peer(exc) else ch.ERROR
+            data = _format_error(exc).encode()
         else:
             try:
                 reply, data = ch.RESULT, to_payload(value, ch.dumps, display)

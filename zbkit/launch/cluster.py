@@ -48,7 +48,8 @@ class Cluster:
             raise
         if not out.ok:
             self.close()
-            raise LaunchError(describe(out, "Cluster start", "stopped"), out.failures | out.stacks)
+            message = describe(out, "Cluster start", "stopped")
+            raise LaunchError(message, out.causes_first() | out.stacks)
 
     @property
     def nprocs(self) -> int:
@@ -137,7 +138,7 @@ class Cluster:
         raise self._failure(out)
 
     def _failure(self, out: Outcome) -> LaunchError:
-        tracebacks = out.failures | out.stacks
+        tracebacks = out.causes_first() | out.stacks
         if out.running or out.died:
             why = "a rank died" if out.died else "ranks were left running"
             if out.timeout is not None:

@@ -56,7 +56,7 @@ def launch(
             group, 1, range(nprocs), want=ch.RESULT, timeout=timeout, grace=FAILURE_GRACE_S
         )
         if not out.ok:
-            raise LaunchError(describe(out, "launch", "stopped"), out.failures | out.stacks)
+            raise LaunchError(describe(out, "launch", "stopped"), out.causes_first() | out.stacks)
         finished = True
         return [out.results[rank] for rank in range(nprocs)]
     finally:

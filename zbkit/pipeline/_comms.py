@@ -29,7 +29,8 @@ _META_BASE = 1 << 30  # the shape messages (once per edge) use tags above this
 
 
 class CommTimeout(TimeoutError):
-    """A receive or a send did not complete in time; the message names the action."""
+    """A receive or a send did not complete: in time, or because the connection to its peer
+    failed (the peer rank failed or exited); the message names the action and says which."""
 
 
 class P2P:
@@ -263,11 +264,26 @@ class P2P:
                 raise self._timeout(comm, exc) from exc
 
     def _timeout(self, comm: Comm, exc: Exception) -> CommTimeout:
-        return CommTimeout(
-            f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
-            f"{comm.peer} may have failed (see its error), be stuck earlier in its "
-            f"program, or run another schedule. [{str(exc).strip()[-160:]}]"
-        )
+        # Every failed wait lands here, and only some are timeouts: when the peer fails and
+        # its connection closes, the wait fails at once, and "gave up after 60 s" would send
+        # the learner looking for a hang. The transport's own words tell the two apart.
+        detail = str(exc).strip()
+        if detail.startswith("[") and "] " in detail:  # gloo's "[path/pair.cc:553] " prefix
+            detail = detail.split("] ", 1)[1]
+        detail = detail.split(". ", 1)[0][:200]  # the first sentence says what happened
+        if "timed out" in detail.lower() or "timeout" in detail.lower():
+            text = (
+                f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
+                f"{comm.peer} may have failed (see its error), be stuck earlier in its "
+                "program, or run another schedule."
+            )
+        else:
+            text = (
+                f"{self.where}: the connection to rank {comm.peer} failed while "
+                f"{comm.explain()} (not a timeout): rank {comm.peer} probably failed or "
+                "exited; its own error is the cause."
+            )
+        return CommTimeout(f"{text} [{detail}]")
 
     def finish(self) -> None:
         """End of step: every posted send has completed (nothing pending on the wire)."""
