@@ -197,3 +197,26 @@ def test_a_failure_waiting_on_another_rank_is_listed_after_the_cause():
     assert msg.index("--- rank 2:") < msg.index("--- rank 1:") < msg.index("--- rank 0:")
     out = Outcome(failures={1: "timed out", 0: "timed out"}, waiting={0, 1})
     assert describe(out, "launch", "stopped").startswith("launch failed on ranks 0, 1.")
+
+
+def test_many_more_ranks_than_cores_warns_once(monkeypatch, live_children):
+    import warnings
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with socket.socket() as busy:  # the start then fails at once: no rank is started
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for start in (lambda n: launch(add, 1, 2, nprocs=n, master_port=port),
+                      lambda n: Cluster(n, master_port=port)):  # fmt: skip
+            with pytest.warns(UserWarning) as record, pytest.raises(LaunchError, match="not free"):
+                start(9)  # above 4 ranks per core
+            assert len(record) == 1 and record[0].filename == __file__  # the caller's line
+            assert str(record[0].message).startswith("nprocs=9 ranks on 2 cores: ")
+            assert "above 4 ranks per core (here 8) consider fewer ranks" in str(record[0].message)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # 4 per core is fine: no warning
+                with pytest.raises(LaunchError, match="not free"):
+                    start(8)
+    assert live_children() == []

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
 from multiprocessing.connection import wait as wait_any
 from typing import Any, TextIO
@@ -25,6 +26,10 @@ from zbkit.launch import _channel as ch
 BACKENDS = ("gloo", "nccl")
 DIED = "died"  # pseudo-message: a rank's control channel closed
 POLL_S = 0.5  # how often we look at exit codes even when nothing arrives
+# Above this many ranks per core, starting them costs more than it teaches: each rank is a
+# Python process importing torch (~150 MB, seconds of CPU; 64 ranks on 2 cores took 56 s
+# and 9.5 GB) and they mostly wait for a core. Warned about, not refused: it still works.
+RANKS_PER_CORE_WARNING = 4
 
 
 class LaunchError(RuntimeError):
@@ -123,6 +128,25 @@ def check_args(nprocs: Any, backend: Any, master_port: Any = None) -> None:
             )
 
 
+def usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (a container's)
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _warn_if_oversubscribed(nprocs: int) -> None:
+    cores = usable_cores()
+    if nprocs > RANKS_PER_CORE_WARNING * cores:
+        warnings.warn(
+            f"nprocs={nprocs} ranks on {cores} cores: each rank is a Python process with torch "
+            f"(~150 MB, seconds to start), so this may take minutes and GBs of memory, and the "
+            f"ranks mostly wait for a core; above {RANKS_PER_CORE_WARNING} ranks per core "
+            f"(here {RANKS_PER_CORE_WARNING * cores}) consider fewer ranks",
+            UserWarning,
+            stacklevel=4,  # the line that called launch() or Cluster()
+        )
+
+
 def _kill_groups(procs: list[subprocess.Popen], grace: float) -> None:
     """SIGTERM every rank's process group, SIGKILL what is left after `grace`, reap all."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -146,6 +170,7 @@ class RankGroup:
 
     def __init__(self, nprocs: int, backend: str = "gloo", master_port: int | None = None):
         check_args(nprocs, backend, master_port)
+        _warn_if_oversubscribed(nprocs)  # once per start, not per rank
         self.nprocs, self.backend = nprocs, backend
         self.conns: dict[int, Any] = {}  # rank -> control connection, while it is open
         self.procs: list[subprocess.Popen] = []
