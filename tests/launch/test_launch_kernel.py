@@ -118,6 +118,9 @@ def test_magics_and_launch_in_a_kernel():
         sleepy = "def sleepy():\n    print('sleeping', flush=True)\n    time.sleep(600)\n"
         reply = k.interrupt_once_sleeping("import time\n" + sleepy + "launch(sleepy, nprocs=2)")
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        # one clear line, not the ~40 frames of the wait loop the interrupt landed in
+        stopped = "KeyboardInterrupt: launch interrupted; every rank was stopped"
+        assert reply["traceback"] == [stopped]
         assert workers(pid) == []
 
         # The next launch in the same kernel works, and leaves no process behind.
@@ -129,6 +132,8 @@ def test_magics_and_launch_in_a_kernel():
         reply, msgs = k.run("%zb_start -n 2")
         reply = k.interrupt_once_sleeping("%%zb\nimport time\n" + sleepy + "sleepy()")
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        stopped = "KeyboardInterrupt: every rank was stopped; %zb_start to start again"
+        assert reply["traceback"] == [stopped]
         assert workers(pid) == []
         reply, msgs = k.run("%zb_status")
         assert "stopped (interrupted)" in text(msgs)

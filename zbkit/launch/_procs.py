@@ -50,6 +50,13 @@ class LaunchError(RuntimeError):
         return [f"LaunchError: {self}"]
 
 
+def quiet_interrupt(exc: KeyboardInterrupt, message: str) -> None:
+    """Have IPython show `message` as the whole traceback of this interrupt: the frames of
+    the wait loop where the stop button landed (about 40 lines) teach nothing. It stays a
+    KeyboardInterrupt: "run all" stops there and ``except KeyboardInterrupt`` still works."""
+    exc._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]  # type: ignore[attr-defined]
+
+
 def _loopback_interface() -> str | None:
     names = [name for _, name in socket.if_nameindex()]
     return next((n for n in names if n in ("lo", "lo0")), None)

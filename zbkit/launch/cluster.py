@@ -9,7 +9,13 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import Outcome, collect, describe
-from zbkit.launch._procs import LaunchError, RankGroup, check_timeout, exit_status
+from zbkit.launch._procs import (
+    LaunchError,
+    RankGroup,
+    check_timeout,
+    exit_status,
+    quiet_interrupt,
+)
 
 FAILURE_GRACE_S = 3.0  # after one rank fails, how long the others may still finish
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a few busy cores can take a while
@@ -43,6 +49,10 @@ class Cluster:
             out = collect(
                 self._group, 0, range(nprocs), want=ch.READY, timeout=STARTUP_TIMEOUT_S, grace=1.0
             )
+        except KeyboardInterrupt as exc:
+            self.close()
+            quiet_interrupt(exc, "Cluster start interrupted; every rank was stopped")
+            raise
         except BaseException:
             self.close()
             raise
@@ -130,8 +140,9 @@ class Cluster:
             out = collect(
                 group, task_id, ranks, want=ch.RESULT, timeout=timeout, grace=FAILURE_GRACE_S
             )
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._stop("interrupted")
+            quiet_interrupt(exc, f"interrupted; every rank was stopped. {self._restart}")
             raise
         if out.ok:
             return [out.results[rank] for rank in ranks]

@@ -8,7 +8,13 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import collect, describe
-from zbkit.launch._procs import LaunchError, RankGroup, check_args, check_timeout
+from zbkit.launch._procs import (
+    LaunchError,
+    RankGroup,
+    check_args,
+    check_timeout,
+    quiet_interrupt,
+)
 
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others may still report
 
@@ -59,5 +65,8 @@ def launch(
             raise LaunchError(describe(out, "launch", "stopped"), out.causes_first() | out.stacks)
         finished = True
         return [out.results[rank] for rank in range(nprocs)]
+    except KeyboardInterrupt as exc:
+        quiet_interrupt(exc, "launch interrupted; every rank was stopped")
+        raise
     finally:
         group.close(graceful=finished)  # on any error or interrupt: SIGTERM, then SIGKILL

@@ -14,7 +14,6 @@ and a value that cannot be pickled shows as its display (``Cluster.exec(display=
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -22,7 +21,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from zbkit.launch._procs import BACKENDS, check_args, check_timeout
+from zbkit.launch._procs import BACKENDS, check_args, check_timeout, quiet_interrupt
 from zbkit.launch._rich import RichResult, is_figure
 from zbkit.launch.cluster import Cluster
 
@@ -95,8 +94,8 @@ class ZbMagics(Magics):
         ranks = _parse_ranks(args.rank)
         try:
             values = cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=True)
-        except KeyboardInterrupt:
-            print("interrupted: every rank was stopped; %zb_start to start again", file=sys.stderr)
+        except KeyboardInterrupt as exc:  # this line alone, not the wait loop's frames
+            quiet_interrupt(exc, "every rank was stopped; %zb_start to start again")
             raise
         except (TypeError, ValueError) as exc:  # bad --rank or --timeout: one line
             raise UsageError(f"%%zb: {exc}") from None
