@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from zbkit.schedules import SCHEDULES, Costs, Schedule, build_schedule, simulate, validate
+from zbkit.schedules import (
+    SCHEDULES,
+    Costs,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    simulate,
+    validate,
+)
 from zbkit.schedules.cli import main as cli_main
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -107,3 +115,41 @@ def test_cli_prints_grid_bubble_closed_form_and_memory(tmp_path, capsys):
     assert cli_main(parser.parse_args(["zb-h1", "--save", bad])) == 1
     err = capsys.readouterr().err
     assert err.strip() == f"zbkit schedule: cannot save to {bad}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("0F99999999999,0B99999999999", "has microbatch 99999999999, but the schedule has only 2"),
+        ("0F100000000,0B100000000", "has microbatch 100000000, but the schedule has only 2"),
+        ("99999999F0,99999999B0", "has stage 99999999, but the schedule has only 2 actions"),
+        ("5000F0", "5000F0 has stage 5000, but the schedule has only 1 actions"),
+        ("0F0,(0F1;0B0", "column 1: '(0F1;0B0' has no closing ')': write an overlapped pair"),
+        ("0F0,0" + "x" * 5000, "column 1: cannot read '0xxxxxxxx"),
+    ],
+)
+def test_absurd_or_malformed_csv_costs_nothing_and_says_one_line(text, says):
+    """Issue 15: indices allocated memory in proportion to their size (0F100000000: ~3 GB),
+    an unclosed '(' said 'substring not found', 5000F0 gave a 29 KB message."""
+    import tracemalloc
+
+    tracemalloc.start()
+    with pytest.raises(ScheduleError) as err:
+        validate(Schedule.from_csv(text))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    message = str(err.value)
+    assert says in message and "\n" not in message and len(message) < 200, message
+    assert peak < 2_000_000, peak
+
+
+def test_a_declared_size_far_above_the_actions_is_refused_before_allocating():
+    import tracemalloc
+
+    tracemalloc.start()
+    with pytest.raises(ScheduleError, match="1 stages x 100000000000 microbatches need at least"):
+        validate(Schedule.from_csv("0F0,0B0", microbatches=10**11))
+    assert tracemalloc.get_traced_memory()[1] < 2_000_000
+    tracemalloc.stop()
+    with pytest.raises(ValueError, match="2,400,000 actions, more than the 1,000,000"):
+        build_schedule("1f1b", pp=100_000, microbatches=8)

@@ -144,8 +144,14 @@ class Action:
         match = _PATTERN.match(text) if isinstance(text, str) else None
         if match is None:
             raise ValueError(
-                f"cannot read {text!r} as an action: write STAGE KIND MICROBATCH, e.g. '0F3' "
+                f"cannot read {_clip(text)} as an action: write STAGE KIND MICROBATCH, e.g. '0F3' "
                 "or '1I2'"
             )
         stage, kind, microbatch = match.groups()
         return cls(int(stage), kind.upper(), int(microbatch))
+
+
+def _clip(text: object, most: int = 40) -> str:
+    """repr of `text`, cut to `most` characters: a message stays one short line."""
+    shown = repr(text)
+    return shown if len(shown) <= most else shown[:most] + "...'"

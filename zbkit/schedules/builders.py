@@ -110,12 +110,23 @@ _OPTIONS = {
 _SEARCHES = ("zb-auto", "zb-v")  # the builders that take costs and memory_limit
 
 
+# building, validating and simulating take ~20 us an action in Python: a million is ~20 s
+MAX_ACTIONS = 1_000_000
+
+
 def _check(name: str, pp: int, microbatches: int) -> None:
     if name not in _BUILDERS:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     for label, value in (("pp", pp), ("microbatches", microbatches)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}: {label} must be an int >= 1, got {value!r}")
+    actions = 3 * pp * microbatches  # F, I, W per stage and microbatch (x2 for two-chunk ones)
+    if actions > MAX_ACTIONS:
+        raise ValueError(
+            f"{name}: pp={pp} x microbatches={microbatches} is at least {actions:,} actions, "
+            f"more than the {MAX_ACTIONS:,} zbkit builds, checks and simulates in about "
+            "20 s; use fewer ranks or microbatches"
+        )
 
 
 def build_schedule(

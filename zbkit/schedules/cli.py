@@ -12,6 +12,14 @@ from zbkit.schedules.simulate import Costs, simulate
 from zbkit.schedules.validate import validate
 
 _DEFAULT_COSTS = "1,1,1"
+_GRID_RANKS = 64  # more ranks than this: no grid, lists shortened
+
+
+def _shorten(values: list[str]) -> str:
+    """'a, b, c' for a few values; the first and last 8 around '...' for many ranks."""
+    if len(values) <= 2 * 8 + 1:
+        return ", ".join(values)
+    return f"{', '.join(values[:8])}, ... ({len(values)} ranks) ..., {', '.join(values[-8:])}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +94,10 @@ def main(args: argparse.Namespace) -> int:
     print(repr(schedule))
     if _searches(args) and not args.load:
         print(f"{args.name} kept: {chosen.name} ({chosen.reason})")
-    print(schedule.to_grid())
+    if schedule.pp <= _GRID_RANKS:
+        print(schedule.to_grid())
+    else:
+        print(f"(grid not printed above {_GRID_RANKS} ranks; --save PATH writes it as CSV)")
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g})")
     # the formulas leave communication out, so they are shown only when comm = 0
@@ -101,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"closed form: does not apply here (it needs {CONDITIONS[schedule.name]})")
     v = schedule.stages_per_rank
     unit = f"chunk-microbatches, a chunk = 1/{v} of a rank's layers" if v > 1 else "microbatches"
-    peaks = ", ".join(f"{m:.4g}" for m in sim.peak_memory)
+    peaks = _shorten([f"{m:.4g}" for m in sim.peak_memory])
     print(f"peak memory per rank ({unit} x mem_activation): {peaks}")
     if args.save:
         try:

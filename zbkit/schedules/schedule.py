@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 
 from zbkit.schedules._grid import render_grid
-from zbkit.schedules.action import Action
+from zbkit.schedules.action import Action, _clip
 
 __all__ = ["Schedule", "ScheduleError"]
 
@@ -115,6 +115,7 @@ class Schedule:
             stage_to_rank = _infer_placement(parsed)
         if microbatches is None:
             microbatches = 1 + max((a.microbatch for r in parsed.values() for a in r), default=-1)
+            _check_index(parsed, "microbatch", microbatches)
         return cls(parsed, list(stage_to_rank), int(microbatches), name)
 
     # --- torch.distributed.pipelining CSV form -------------------------------------------
@@ -158,13 +159,47 @@ class Schedule:
 def _read_cell(cell: str, rank: int, col: int) -> list[Action]:
     if not cell or _TORCH_NON_COMPUTE.match(cell):
         return []  # an idle step, or communication that we derive ourselves
+    where = f"row {rank} (rank {rank}), column {col}"
     if cell.startswith("("):  # torch's "(0F1;1B0)OVERLAP_F_B": run the parts in order
+        if ")" not in cell:
+            raise ScheduleError(
+                f"{where}: {_clip(cell)} has no closing ')': write an overlapped pair as "
+                "(0F1;0B0)OVERLAP_F_B"
+            )
         inner = cell[1 : cell.index(")")]
         return [a for part in inner.split(";") for a in _read_cell(part.strip(), rank, col)]
     try:
         return [Action.parse(cell)]
     except ValueError as err:
-        raise ScheduleError(f"row {rank} (rank {rank}), column {col}: {err}") from None
+        raise ScheduleError(f"{where}: {err}") from None
+
+
+def _check_index(program: Mapping[int, Sequence[Action]], what: str, count: int) -> None:
+    """A schedule runs every stage on every microbatch: an index far above the number of
+    actions cannot be right (and would cost memory in proportion to it): one line."""
+    total = sum(len(actions) for actions in program.values())
+    if count <= total:
+        return
+    rank, pos, a = max(
+        ((r, p, a) for r, acts in program.items() for p, a in enumerate(acts)),
+        key=lambda x: getattr(x[2], what),
+    )
+    raise ScheduleError(
+        f"rank {rank}, position {pos}: {a} has {what} {getattr(a, what)}, but the schedule "
+        f"has only {total} actions: every {what} 0..N-1 must appear, so N is at most {total}"
+    )
+
+
+def _runs(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5' (at most 6 runs shown)."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6]]
+    return ", ".join(text) + (f", ... ({len(numbers)} in all)" if len(runs) > 6 else "")
 
 
 def _infer_placement(program: Mapping[int, Sequence[Action]]) -> list[int]:
@@ -179,9 +214,11 @@ def _infer_placement(program: Mapping[int, Sequence[Action]]) -> list[int]:
                 )
     if not where:
         return []
+    _check_index(program, "stage", max(where) + 1)
     missing = [s for s in range(max(where) + 1) if s not in where]
     if missing:
         raise ScheduleError(
-            f"no rank runs stage(s) {missing}: pass stage_to_rank= explicitly or add their actions"
+            f"no rank runs stage(s) {_runs(missing)}: pass stage_to_rank= explicitly or add "
+            "their actions"
         )
     return [where[s][0] for s in range(max(where) + 1)]

@@ -119,11 +119,10 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     span = [e - s for s, e in zip(starts, ends, strict=True)]
     # ideal work of the busiest rank: m * sum over its stages of (F + I + W); with one
     # Costs for all stages this is m * v * (F + I + W)
-    m = schedule.microbatches
-    ideal = max(
-        m * sum(getattr(per_stage_costs[s], p) for s in schedule.stages_on(r) for p in PARTS)
-        for r in range(schedule.pp)
-    )
+    work = [0.0] * schedule.pp  # one pass over the stages (stages_on per rank is O(p^2))
+    for s, r in enumerate(schedule.stage_to_rank):
+        work[r] += sum(getattr(per_stage_costs[s], p) for p in PARTS)
+    ideal = schedule.microbatches * max(work)
     cost = max(span)
     ran = [r for r in range(schedule.pp) if times[r]] or [0]
     return Simulation(

@@ -73,6 +73,13 @@ def _check_shape(schedule: Schedule) -> None:
             f"program has ranks {sorted(schedule.program)} but stage_to_rank {placement} places "
             f"stages on {pp} ranks: give one program per rank 0..{pp - 1}"
         )
+    n, m, total = len(placement), schedule.microbatches, len(schedule)
+    if n * m > 4 * total + 1024:  # checking costs memory per (stage, microbatch): bound it
+        raise ScheduleError(
+            f"{n} stages x {m} microbatches need at least {2 * n * m:,} actions (a forward and a "
+            f"backward each), but the schedule has {total:,}: check microbatches= and "
+            "stage_to_rank="
+        )
     empty = [r for r in range(pp) if r not in placement]
     if empty:
         raise ScheduleError(f"rank(s) {empty} hold no stage in stage_to_rank {placement}")
