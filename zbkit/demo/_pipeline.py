@@ -44,6 +44,7 @@ def pipeline_demo(
     """
     from zbkit import viz
     from zbkit.launch import Cluster, LaunchError
+    from zbkit.viz import plot_schedule  # noqa: F401  the report's plots need matplotlib: fail now
 
     baseline = "1f1b" if "1f1b" in schedules else next(iter(schedules))
     spans = {n: stage_spans(cfg.layers, s.num_stages) for n, s in schedules.items()}

@@ -1,11 +1,19 @@
 """Widgets for notebooks, built on `zbkit.viz`; each callback writes into an `Output`.
 
 Every widget is an `ipywidgets.VBox`: display it, or drive it from code (the tests do).
+They need the notebook stack: `pip install 'zbkit[notebook]'`.
 """
 
-from zbkit.widgets.explorer import ParamGroupExplorer
-from zbkit.widgets.run_viewer import RunViewer
-from zbkit.widgets.schedule_explorer import ScheduleExplorer
-from zbkit.widgets.stepper import SplitBackwardStepper
+try:  # the core install (`pip install zbkit`) has none of these: say which extra brings them
+    import IPython  # noqa: F401
+    import ipywidgets  # noqa: F401
+    import matplotlib  # noqa: F401
+except ModuleNotFoundError as e:
+    raise ImportError(f"zbkit.widgets needs {e.name}: pip install 'zbkit[notebook]'") from e
+
+from zbkit.widgets.explorer import ParamGroupExplorer  # noqa: E402
+from zbkit.widgets.run_viewer import RunViewer  # noqa: E402
+from zbkit.widgets.schedule_explorer import ScheduleExplorer  # noqa: E402
+from zbkit.widgets.stepper import SplitBackwardStepper  # noqa: E402
 
 __all__ = ["ParamGroupExplorer", "RunViewer", "ScheduleExplorer", "SplitBackwardStepper"]
