@@ -243,15 +243,17 @@ class P2P:
         fn = dist.isend if op is CommOp.SEND else dist.irecv
         if not tensors:  # a message with no tensors (e.g. no input needed a gradient)
             return []
-        if self.batched:
-            pairs = zip(tensors, tags, strict=True)
-            channel = self._channel[comm.what]
-            ops = [dist.P2POp(fn, t, peer, channel, tag) for t, tag in pairs]
-            works = dist.batch_isend_irecv(ops)
-        else:
-            works = [
-                fn(t, peer, group=self.group, tag=tag) for t, tag in zip(tensors, tags, strict=True)
-            ]
+        try:  # posting to a peer that has gone fails here, before any wait
+            if self.batched:
+                pairs = zip(tensors, tags, strict=True)
+                channel = self._channel[comm.what]
+                ops = [dist.P2POp(fn, t, peer, channel, tag) for t, tag in pairs]
+                works = dist.batch_isend_irecv(ops)
+            else:
+                pairs = zip(tensors, tags, strict=True)
+                works = [fn(t, peer, group=self.group, tag=tag) for t, tag in pairs]
+        except RuntimeError as exc:
+            raise self._timeout(comm, exc) from exc
         if op is CommOp.SEND:  # keep the tensors alive until the wire is done with them
             self._pending.append((works, comm, tensors))
         return works

@@ -35,24 +35,6 @@ Key = tuple[Product, int, int]  # (ACT | GRAD, consuming stage, microbatch), as 
 LossFn = Callable[[dict[str, torch.Tensor], Any], torch.Tensor]
 
 
-def split_microbatches(batch: Any, m: int, what: str) -> list[Any]:
-    """Splits a tensor, or each tensor of a dict, into ``m`` equal parts on dim 0."""
-    if isinstance(batch, torch.Tensor):
-        if batch.dim() == 0 or batch.shape[0] % m:
-            rows = batch.shape[0] if batch.dim() else "a 0-d tensor"
-            raise ValueError(
-                f"{what}: {rows} rows do not split into {m} equal microbatches; "
-                f"use a batch size divisible by schedule.microbatches ({m})"
-            )
-        return list(batch.chunk(m))
-    if isinstance(batch, Mapping):
-        parts = {k: split_microbatches(v, m, f"{what}[{k!r}]") for k, v in batch.items()}
-        return [{k: p[j] for k, p in parts.items()} for j in range(m)]
-    raise TypeError(
-        f"{what} must be a tensor or a dict of tensors (split on dim 0), got {type(batch).__name__}"
-    )
-
-
 def handover(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What a stage on the same rank receives: the same values, cut from the sender's graph.
 

@@ -204,6 +204,7 @@ class ScheduleRunner:
             self.p2p.send(comm, state.outbox.pop(comm.key))
 
     def _barrier(self) -> None:
+        began = time.monotonic()
         try:
             if self.backend == "gloo":  # names the ranks that never arrived, after the timeout
                 timeout = datetime.timedelta(seconds=self.timeout)
@@ -211,8 +212,12 @@ class ScheduleRunner:
             else:
                 dist.barrier(self.group)
         except RuntimeError as exc:
+            waited = time.monotonic() - began
+            if waited < 0.9 * self.timeout:  # failed early: a peer went away, no timeout
+                what = f"a rank failed or exited before the step's barrier (after {waited:.1f} s)"
+            else:
+                what = f"not every rank of the pipeline started the step within {self.timeout:g} s"
             raise CommTimeout(
-                f"rank {self.rank}: not every rank of the pipeline started the step within "
-                f"{self.timeout:g} s; one probably failed before it (see its error). "
+                f"rank {self.rank}: {what}; one probably failed before it (see its error). "
                 f"[{str(exc).strip()[:300]}]"
             ) from exc
