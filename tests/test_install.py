@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
@@ -195,3 +196,29 @@ def test_every_subcommand_still_lists_its_options() -> None:
         )
         assert done.returncode == 0, done.stderr
         assert f"usage: zbkit {name} [-h] [--" in done.stdout, done.stdout
+
+
+# --- the licence --------------------------------------------------------------------------------
+
+
+def test_license_is_the_spdx_string_and_the_file_ships() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert PROJECT["license"] == "Apache-2.0"  # PEP 639: a string, not the deprecated table
+    assert PROJECT["license-files"] == ["LICENSE"]
+    # setuptools reads that form from 77 on; an older build backend would reject it
+    (setuptools,) = [
+        Requirement(r) for r in PYPROJECT["build-system"]["requires"] if r.startswith("setuptools")
+    ]
+    assert not any(Version(v) in setuptools.specifier for v in ["68", "76.99"]), setuptools
+
+
+def test_installed_metadata_carries_the_license() -> None:
+    # the metadata pip wrote from pyproject (make's stamp reinstalls when pyproject changes)
+    meta = importlib.metadata.metadata("zbkit")
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert "LICENSE" in (meta.get_all("License-File") or [])
+    required = meta.get_all("Requires-Dist") or []
+    core = [r for r in required if "extra ==" not in r]
+    assert not any(name in r.lower() for r in core for name in ["matplotlib", "ipy"]), core
