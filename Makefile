@@ -53,8 +53,11 @@ format: setup
 demo: setup
 	$(VENV)/bin/zbkit demo
 
+# Jupyter refuses to start as root unless told; `make` is meant to run as root in containers.
+LAB_FLAGS = $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_FLAGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

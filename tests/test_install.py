@@ -8,7 +8,11 @@ a fresh interpreter, so that what this process has already imported cannot hide 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
+import shlex
+import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +46,145 @@ def makefile_var(name: str) -> str:
     match = re.search(rf"^{name} \?= (.+)$", (ROOT / "Makefile").read_text(), re.M)
     assert match, f"Makefile: no `{name} ?= ...` line"
     return match.group(1).strip()
+
+
+# --- binder/: what repo2docker reads ---------------------------------------------------------
+
+BINDER_FILES = {"apt.txt", "postBuild", "requirements.txt", "runtime.txt"}
+
+
+def binder_python() -> str:
+    """The Python version binder/runtime.txt names ("3.11")."""
+    text = (BINDER / "runtime.txt").read_text().strip()
+    match = re.fullmatch(r"python-(\d+\.\d+)", text)
+    assert match, f"binder/runtime.txt: {text!r}, expected repo2docker's form 'python-3.11'"
+    return match.group(1)
+
+
+def binder_requirements() -> tuple[list[str], list[Requirement]]:
+    """binder/requirements.txt as (pip options, requirements)."""
+    options, reqs = [], []
+    for line in (BINDER / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-"):
+            options.append(line)
+        elif line:
+            reqs.append(Requirement(line))
+    return options, reqs
+
+
+def postbuild_installs() -> list[list[str]]:
+    """The arguments after `pip install` on each line of binder/postBuild."""
+    installs = []
+    for line in (BINDER / "postBuild").read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if "pip" in words and "install" in words[words.index("pip") :]:
+            installs.append(words[words.index("install") + 1 :])
+    return installs
+
+
+def test_every_binder_file_is_checked() -> None:
+    found = {p.name for p in BINDER.iterdir()}
+    assert found == BINDER_FILES, (
+        f"binder/ holds {sorted(found)}; this test checks {sorted(BINDER_FILES)}: "
+        "add a check for the new file here"
+    )
+
+
+def test_binder_python_satisfies_requires_python() -> None:
+    # without runtime.txt repo2docker picks its default Python (3.10), which zbkit refuses
+    requires = SpecifierSet(PROJECT["requires-python"])
+    assert Version(binder_python()) in requires, (
+        f"binder/runtime.txt names Python {binder_python()}; pyproject requires {requires}"
+    )
+
+
+def test_binder_torch_is_the_pinned_cpu_wheel() -> None:
+    options, reqs = binder_requirements()
+    # the default PyPI wheel for Linux is a multi-GB CUDA build
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in options
+    (torch,) = [r for r in reqs if r.name == "torch"]
+    pinned = Requirement(makefile_var("TORCH"))  # what `make` installs and the tests run on
+    assert str(torch.specifier) == str(pinned.specifier), (
+        f"binder pins {torch}, the Makefile installs {pinned}"
+    )
+    version = next(iter(torch.specifier)).version
+    core_torch = next(Requirement(d) for d in PROJECT["dependencies"] if d.startswith("torch"))
+    assert version in core_torch.specifier, f"binder's torch {version}; pyproject: {core_torch}"
+    others = [r.name for r in reqs if r.name != "torch"]
+    assert not others, f"binder/requirements.txt: {others} belong in pyproject's extras"
+
+
+def test_binder_installs_zbkit_with_the_notebook_extra() -> None:
+    post = BINDER / "postBuild"
+    assert os.access(post, os.X_OK), "binder/postBuild must be executable"
+    lines = post.read_text().splitlines()
+    assert lines[0].startswith("#!") and "set -e" in lines, "postBuild: a shebang and set -e"
+    installs = postbuild_installs()
+    assert any("-e" in args and ".[notebook]" in args for args in installs), (
+        f"postBuild installs {installs}; expected `pip install -e '.[notebook]'`"
+    )
+    assert "notebook" in PROJECT["optional-dependencies"]
+
+
+def test_binder_apt_has_graphviz() -> None:
+    packages = (BINDER / "apt.txt").read_text().split()
+    assert "graphviz" in packages, "draw_graph renders with Graphviz's `dot`"
+
+
+def test_binder_requirements_install_in_a_fresh_venv(tmp_path: Path) -> None:
+    version = binder_python()
+    python = shutil.which(f"python{version}")
+    if python is None:
+        pytest.skip(f"no python{version} on PATH: binder's files were checked, not installed")
+    if os.environ.get("ZBKIT_TEST_BINDER_INSTALL") != "1":
+        pytest.skip(
+            "resolving torch and the notebook stack from the internet takes minutes: "
+            "binder's files were checked against pyproject, not installed "
+            "(ZBKIT_TEST_BINDER_INSTALL=1 runs it)"
+        )
+    try:
+        socket.create_connection(("download.pytorch.org", 443), timeout=3).close()
+    except OSError as e:
+        pytest.skip(f"download.pytorch.org unreachable ({e}): binder's files were not installed")
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", "--without-pip", venv], check=True)
+    # what repo2docker does: requirements.txt, then postBuild's install; --dry-run: resolve only
+    cmd = [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install"]
+    cmd += ["--dry-run", "--retries", "0", "-r", BINDER / "requirements.txt"]
+    for args in postbuild_installs():
+        cmd += [a for a in args if a != "--no-cache-dir"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Would install" in done.stdout
+
+
+# --- make lab as root -------------------------------------------------------------------------
+
+
+def lab_command(fake_uid: str | None, tmp_path: Path) -> str:
+    """The `jupyter lab` line `make -n lab` would run, as `id -u` = fake_uid (or as we are)."""
+    env = dict(os.environ)
+    if fake_uid is not None:
+        fake = tmp_path / f"uid{fake_uid}"
+        fake.mkdir()
+        (fake / "id").write_text(f"#!/bin/sh\necho {fake_uid}\n")
+        (fake / "id").chmod(0o755)
+        env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(
+        ["make", "-n", "lab"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if "jupyter lab" in x]
+    return line
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
+def test_make_lab_allows_root_only_as_root(tmp_path: Path) -> None:
+    as_us = lab_command(None, tmp_path)
+    assert ("--allow-root" in as_us) == (os.geteuid() == 0), as_us
+    assert "--allow-root" in lab_command("0", tmp_path)
+    assert "--allow-root" not in lab_command("1000", tmp_path)
 
 
 # --- the light install: the core imports no notebook stack ------------------------------------
