@@ -16,6 +16,7 @@ from matplotlib.colors import to_hex
 from zbkit.schedules import Costs, build_schedule, simulate
 from zbkit.viz import plot_memory, plot_schedule
 from zbkit.viz._colors import KIND_COLORS
+from zbkit.viz._gantt import shade
 
 
 def _collection(fig, gid):
@@ -31,7 +32,8 @@ def test_one_box_per_action_coloured_by_kind_and_numbers_in_title(name):
     boxes = _collection(fig, "actions")
     assert len(boxes.get_paths()) == len(actions)
     colours = Counter(to_hex(c) for c in boxes.get_facecolors())
-    assert colours == Counter(KIND_COLORS[a.kind] for a in actions)
+    # interleaved: rank r holds stages r and r + 4; the second chunk is a darker shade
+    assert colours == Counter(shade(KIND_COLORS[a.kind], a.stage // 4, 2) for a in actions)
     # each box spans exactly its event's time (rank order, then time order)
     xs = sorted((min(p.vertices[:, 0]), max(p.vertices[:, 0])) for p in boxes.get_paths())
     want = sorted((e.start, e.end) for e in sim.events)
@@ -136,3 +138,62 @@ def test_comm_waits_are_drawn_from_the_plan():
     assert "waiting on a receive" in labels
     plain = plot_schedule(sim)  # off by default
     assert not any(c.get_gid() == "comm" for c in plain.axes[0].collections)
+
+
+def _per_row(collection):
+    """row index -> total width of the collection's boxes on that row."""
+    out: dict[int, float] = {}
+    for path in collection.get_paths():
+        xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+        row = round(float(ys.mean()))
+        out[row] = out.get(row, 0.0) + float(xs.max() - xs.min())
+    return out
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-h2", "zb-v"])
+def test_hatched_idle_is_what_the_bubble_rate_counts(name):
+    sim = simulate(build_schedule(name, pp=4, microbatches=8), Costs(1, 1, 1))
+    fig = plot_schedule(sim)
+    hatched = _per_row(_collection(fig, "idle"))
+    edges = _per_row(_collection(fig, "edges"))
+    for r in range(4):
+        # hatched = idle inside the rank's span (sim.idle); the rest of the row is the edges
+        assert hatched.get(r, 0.0) == pytest.approx(sim.idle[r], abs=1e-9)
+        assert edges.get(r, 0.0) == pytest.approx(sim.makespan - sim.span[r], abs=1e-9)
+    if name in ("zb-h2", "zb-v"):  # bubble 0.0%: nothing hatched, the edges still shaded
+        assert sim.bubble_rate == 0.0 and not _collection(fig, "idle").get_paths()
+        assert sum(edges.values()) > 0
+    assert _collection(fig, "idle").get_hatch() == "//"
+    assert not _collection(fig, "edges").get_hatch()
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "idle (bubble)" in labels and "before first / after last action" in labels
+
+
+def test_zb_v_boxes_show_their_chunk():
+    p = 4
+    sim = simulate(build_schedule("zb-v", pp=p, microbatches=8), Costs(0.5, 0.5, 0.5))
+    fig = plot_schedule(sim)
+    boxes = _collection(fig, "actions")
+    # rank r holds stages r (chunk 0, the kind's colour) and 2p-1-r (chunk 1, darker)
+    order = sorted(sim.events, key=lambda e: (e.rank, e.start, e.end, e.stage, e.kind))
+    for e, colour in zip(order, boxes.get_facecolors(), strict=True):
+        plain = KIND_COLORS[e.kind]
+        if e.stage < p:
+            assert to_hex(colour) == plain
+        else:
+            assert e.stage == 2 * p - 1 - e.rank and to_hex(colour) != plain
+            assert sum(matplotlib.colors.to_rgb(colour)) < sum(matplotlib.colors.to_rgb(plain))
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "chunk 0: stages 0-3" in labels and "chunk 1: stages 4-7 (darker)" in labels
+    # dark boxes get white text
+    on_dark = {t.get_color() for t in fig.axes[0].texts}
+    assert on_dark == {"black", "white"}
+    # wide enough, every box names its stage: the full label (5F3) or stage:microbatch (5:3)
+    wide = plot_schedule(sim, width=30)
+    texts = [t.get_text() for t in wide.axes[0].texts]
+    assert all(":" in t or t[1] in "FIWB" for t in texts)
+    named = sorted((int(t[0]), int(t[-1])) for t in texts)
+    assert named == sorted((e.stage, e.microbatch) for e in sim.events)
+    # one stage per rank: plain colours, no chunk legend
+    one = plot_schedule(simulate(build_schedule("zb-h1", pp=p, microbatches=8), Costs()))
+    assert not any("chunk" in t.get_text() for t in one.axes[0].get_legend().get_texts())

@@ -19,12 +19,13 @@ from zbkit.viz.timeline import Timeline, timeline
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from zbkit.viz.frontier import plot_frontier
-    from zbkit.viz.schedule_plot import plot_memory, plot_schedule
+    from zbkit.viz.memory_plot import plot_memory
+    from zbkit.viz.schedule_plot import plot_schedule
 
 # public name -> the module that draws it with matplotlib (the `notebook` extra)
 _MATPLOTLIB = {
     "plot_frontier": "zbkit.viz.frontier",
-    "plot_memory": "zbkit.viz.schedule_plot",
+    "plot_memory": "zbkit.viz.memory_plot",
     "plot_schedule": "zbkit.viz.schedule_plot",
 }
 

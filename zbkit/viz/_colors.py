@@ -20,7 +20,8 @@ def kind_color(letter: str) -> str:
     return KIND_COLORS.get(letter, OTHER_KIND_COLOR)
 
 
-IDLE_COLOR = "#eeeeee"  # bubbles: a rank waiting
+IDLE_COLOR = "#eeeeee"  # bubbles: a rank waiting inside its span (hatched)
+EDGE_COLOR = "#f3f3f3"  # before a rank's first action / after its last: not a bubble
 COMM_COLOR = "#555555"  # a rank waiting on a receive of its communication plan
 LIMIT_COLOR = "#d62728"  # memory limit line
 SPLIT_COLOR = "#d62728"  # split points (intermediates) on the graph

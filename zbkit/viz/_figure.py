@@ -42,3 +42,16 @@ class ZbFigure(Figure):
 
     def __repr__(self) -> str:  # cheap: no rendering
         return f"<{type(self).__name__}: {self._zb_summary}>"
+
+
+DPI = 100  # what the plots are drawn at; widgets ask `to_png` for what they display
+
+
+def check_ranks(ranks: list[int] | None, num_ranks: int) -> list[int]:
+    """The ranks a plot shows: all of them by default, else the ones asked for (checked)."""
+    if ranks is None:
+        return list(range(num_ranks))
+    bad = [r for r in ranks if not 0 <= r < num_ranks]
+    if bad:
+        raise ValueError(f"ranks {bad} are not in the run, which has ranks 0..{num_ranks - 1}")
+    return list(ranks)
