@@ -142,7 +142,10 @@ def test_twelve_layer_model_collapses_by_module_depth():
     model, _, _, analysis = _stage(layers=12, d=4)
     src = draw_graph(analysis).source
     assert "collapsed to module depth 2" in src
-    boxes = re.findall(r'label="(layers\.\d+)\n(\d+) ops, (\d+) params', src)
+    # a box of ops from both passes has an HTML label (its text over a two-colour bar)
+    boxes = re.findall(
+        r'(?:label="|COLSPAN="2">)(layers\.\d+)(?:\n|<BR/>)(\d+) ops, (\d+) params', src
+    )
     # one box per layer, each once (walked from the output, so the last layer comes first)
     assert [b[0] for b in boxes] == [f"layers.{i}" for i in reversed(range(12))]
     # every parameter is counted in exactly one box (the head is drawn node by node)
@@ -164,3 +167,32 @@ def test_without_dot_binary_the_repr_is_a_message_and_the_source(monkeypatch):
     text = bundle["text/plain"]
     assert "`dot` program was not found" in text and "apt-get install graphviz" in text
     assert text.endswith(dot.source)
+
+
+def _box(src: str, path: str) -> str:
+    """The attribute list of the collapsed module box labelled `path`."""
+    for _, attrs in _node_lines(src):
+        if re.search(rf"(label=\"|<TD COLSPAN=\"\d\">){re.escape(path)}(\n|<BR/>)", attrs):
+            return attrs
+    raise AssertionError(f"no box {path!r} in the source")
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_group_collapsed_into_a_module_box_is_highlighted_at_any_depth(depth):
+    _, _, _, analysis = _stage(layers=2)
+    # a group whose parameters all sit in layers.1 (fc1 there), whatever the depth
+    info = next(g for g in analysis.groups if g.param_names[0] == "layers.1.fc1.weight")
+    src = draw_graph(analysis, group=info.index, depth=depth).source
+    box = "layers" if depth == 1 else "layers.1"
+    chosen = _box(src, box)
+    assert f"group {info.index}: " in chosen and "penwidth=3" in chosen
+    if depth == 2:  # the other layer holds none of it: dimmed
+        other = _box(src, "layers.0")
+        assert "penwidth=3" not in other and "#aaaaaa" in other
+    # the explorer shows the same: its auto-collapsed graph outlines the box
+    from zbkit.widgets import ParamGroupExplorer
+
+    explorer = ParamGroupExplorer(analysis, max_nodes=8)
+    explorer.select(info.index)
+    assert "collapsed to module depth 2" in explorer.graph.source
+    assert "penwidth=3" in _box(explorer.graph.source, "layers.1")

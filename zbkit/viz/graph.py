@@ -29,6 +29,7 @@ from zbkit.viz._autograd import (
     walk,
 )
 from zbkit.viz._dot import ZbDigraph, legend, shorten
+from zbkit.viz._modbox import collapsed_box
 
 # the shape helpers are public here: the widgets label the same nodes the same way
 __all__ = ["draw_graph", "node_shape", "output_shapes", "shape_text"]
@@ -133,6 +134,11 @@ def _phase_fill(in_closure: bool, phases: bool, highlight: Phase | None) -> tupl
     return (c.CLOSURE_FILL if in_closure else "white"), False
 
 
+def _i_fill(phases: bool, highlight: Phase | None) -> str:
+    """The fill of a node that runs in I: a mixed box's bar puts it first (left)."""
+    return _phase_fill(True, phases, highlight)[0]
+
+
 def draw_graph(
     analysis_or_outputs: Any,
     inputs: torch.Tensor | Sequence[torch.Tensor] | None = None,
@@ -193,22 +199,30 @@ def draw_graph(
     chosen_splits = set(groups[group].intermediates) if group is not None else split_nodes
 
     clusters: dict[int, graphviz.Digraph] = {}
+    mixed = False  # a collapsed box runs in both passes: the legend shows its bar
     for bid, members in boxes.items():
         in_closure = [g.node in closure or g.kind == "input" for g in members]
         if bid in module_of_box:  # a collapsed module
-            ops = sum(g.kind == "op" for g in members)
-            params = sum(g.kind == "param" for g in members)
-            splits = sum(g.node in split_nodes for g in members)
-            fills = {_phase_fill(x, phases, highlight)[0] for x in in_closure}
-            label = f"{module_of_box[bid]}\n{ops} ops, {params} params"
-            label += f"\n{splits} split points" if splits else ""
-            dot.node(
-                bid,
-                label,
-                fillcolor=":".join(sorted(fills)),  # I and W parts side by side when mixed
-                style="striped" if len(fills) > 1 else "filled",
-                **({"color": c.SPLIT_COLOR, "penwidth": "2"} if splits else {}),
+            counts: dict[str, int] = {}  # fill colour -> nodes, in first-seen order
+            for x in in_closure:
+                fill = _phase_fill(x, phases, highlight)[0]
+                counts[fill] = counts.get(fill, 0) + 1
+            held = (
+                sum(owner.get(g.id) == group or g.node in chosen_splits for g in members)
+                if group is not None
+                else 0
             )
+            label, attrs = collapsed_box(
+                module_of_box[bid],
+                ops=sum(g.kind == "op" for g in members),
+                params=sum(g.kind == "param" for g in members),
+                splits=sum(g.node in split_nodes for g in members),
+                fills=sorted(counts.items(), key=lambda kv: kv[0] != _i_fill(phases, highlight)),
+                group=group,
+                held=held,
+            )
+            mixed = mixed or label.startswith("<")
+            dot.node(bid, label, **attrs)
             continue
         g = members[0]
         attrs: dict[str, str] = {}
