@@ -196,3 +196,29 @@ def test_a_group_collapsed_into_a_module_box_is_highlighted_at_any_depth(depth):
     explorer.select(info.index)
     assert "collapsed to module depth 2" in explorer.graph.source
     assert "penwidth=3" in _box(explorer.graph.source, "layers.1")
+
+
+def test_phases_legend_matches_the_colours_and_names_mixed_module_boxes():
+    _, _, _, analysis = _stage(layers=2)
+    src = draw_graph(analysis, phases=True).source
+    nodes = dict(_node_lines(src))
+    legend_param = re.search(r"legend_param \[(.*?)\]$", src, flags=re.M | re.S).group(1)
+    # parameters are drawn green (their .grad is made in W), and so is the legend's swatch
+    param_fills = {
+        re.search(r'fillcolor="([^"]+)"', a).group(1) for a in nodes.values() if ".weight" in a
+    }
+    assert param_fills == {KIND_COLORS["W"]}
+    assert f'fillcolor="{KIND_COLORS["W"]}"' in legend_param
+    assert "legend_mixed" not in src  # nothing collapsed: no module-box entry
+    # collapsed, each layer runs in both passes: a white box, its text over an I|W bar (no
+    # stripe through the words), and the legend shows the same bar
+    collapsed = draw_graph(analysis, phases=True, depth=2).source
+    box = _box(collapsed, "layers.0")
+    assert "striped" not in box and "fillcolor=white" in box
+    bar = re.search(r"<TR>(<TD BGCOLOR.*?)</TR>", box).group(1)
+    assert re.findall(r'BGCOLOR="([^"]+)"', bar) == [KIND_COLORS["I"], KIND_COLORS["W"]]
+    key = re.search(r"legend_mixed \[(.*?)\]$", collapsed, flags=re.M | re.S).group(1)
+    assert "ops of I and W" in key and KIND_COLORS["I"] in key and KIND_COLORS["W"] in key
+    # without phases the parameters stay yellow, and so does the legend's swatch
+    plain = draw_graph(analysis).source
+    assert 'legend_param [label=parameter fillcolor="#fff4c2"' in plain

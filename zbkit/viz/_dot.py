@@ -7,6 +7,7 @@ from typing import Any
 import graphviz
 
 from zbkit.viz import _colors as c
+from zbkit.viz._modbox import html_label
 
 NO_DOT = (
     "Graphviz's `dot` program was not found, so this graph cannot be drawn here.\n"
@@ -40,11 +41,25 @@ def shorten(names: list[str], limit: int = 3) -> str:
     return head + (f", +{len(names) - limit} more" if len(names) > limit else "")
 
 
-def legend(phases: bool, groups: bool, highlight: str | None = None) -> graphviz.Digraph:
-    """A boxed key, one entry under the other; ids are fixed names (deterministic source)."""
+def legend(
+    phases: bool,
+    groups: bool,
+    highlight: str | None = None,
+    *,
+    param_fill: str = c.PARAM_FILL,
+    mixed: tuple[str, str] | None = None,
+) -> graphviz.Digraph:
+    """A boxed key, one entry under the other; ids are fixed names (deterministic source).
+
+    `param_fill`: the colour parameters are drawn in (green when `phases` colours them by
+    the pass that fills their .grad); `mixed`: the (I, W) colours of a collapsed module box
+    that runs in both passes, shown as the same bar the box carries.
+    """
     filled = {"style": "filled"}
+    w_fill = param_fill == c.KIND_COLORS["W"]
+    param = "parameter\n(.grad made in W)" if w_fill else "parameter"
     entries: list[tuple[str, str, dict[str, str]]] = [
-        ("legend_param", "parameter", {**filled, "shape": "box", "fillcolor": c.PARAM_FILL}),
+        ("legend_param", param, {**filled, "shape": "box", "fillcolor": param_fill}),
         ("legend_input", "stage input", {**filled, "shape": "invhouse", "fillcolor": c.INPUT_FILL}),
         ("legend_output", "stage output", {**filled, "shape": "house", "fillcolor": c.OUTPUT_FILL}),
     ]
@@ -60,6 +75,9 @@ def legend(phases: bool, groups: bool, highlight: str | None = None) -> graphviz
     else:
         entries.append(("legend_i", "input closure\n(runs in I)", {"fillcolor": c.CLOSURE_FILL}))
         entries.append(("legend_w", "param-only op\n(runs in W)", {"fillcolor": "white"}))
+    if mixed is not None:
+        bar = html_label(["module box:", "ops of I and W"], [(mixed[0], 1), (mixed[1], 1)])
+        entries.append(("legend_mixed", bar, {"fillcolor": "white", "shape": "box"}))
     if groups:
         split = {"color": c.SPLIT_COLOR, "penwidth": "2.5", "fillcolor": "white"}
         entries.append(("legend_split", "split point\n(intermediate)", split))

@@ -281,7 +281,17 @@ def draw_graph(
             dot.edge(a, b)
 
     if show_legend:
-        dot.subgraph(legend(phases, bool(groups), highlight))
+        lit = phases or highlight is not None  # parameters take their pass's colour then
+        param_fill = _phase_fill(False, phases, highlight)[0] if lit else c.PARAM_FILL
+        both = (_i_fill(phases, highlight), _phase_fill(False, phases, highlight)[0])
+        key = legend(
+            phases,
+            bool(groups),
+            highlight,
+            param_fill=param_fill,
+            mixed=both if mixed else None,
+        )
+        dot.subgraph(key)
     summary = f"{len(w.nodes)} nodes, {len(groups)} param groups"
     if depth is not None:
         summary += f", collapsed to module depth {depth}"
