@@ -204,3 +204,16 @@ def test_closed_forms_shown_agree_with_the_simulator(name):
                 assert pm[1] == sim.peak_memory, (pp, m, pm[0])
                 checked += 1
     assert checked >= 10  # the formulas apply to most of these settings
+
+
+def test_schedule_explorer_image_is_drawn_at_the_size_it_is_shown():
+    import struct
+
+    e = ScheduleExplorer("zb-h1", pp=4, microbatches=8)
+    png = bytes(e.image.value)
+    width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR
+    assert e.image.layout.width == f"{width}px" and width >= 1000  # shown pixel for pixel
+    assert e.image.layout.max_width == "100%"  # a narrower notebook shrinks it, never stretches
+    # box labels: 8 pt at 100 dpi is about 11 px tall (was 7 pt at 72 dpi: 7 px)
+    sizes = {t.get_fontsize() for t in e.figure.axes[0].texts}
+    assert sizes and min(sizes) * e.figure.dpi / 72 >= 11

@@ -23,7 +23,8 @@ from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.viz import plot_schedule
 from zbkit.widgets._common import table_html
 
-_DPI = 72  # the explorer redraws often: a smaller bitmap keeps it under 200 ms
+_DPI = 100  # drawn at the size it is shown (no stretching, so no blur)
+_WIDTH_IN = 10.0  # figure width in inches: _WIDTH_IN * _DPI pixels, the image's own width
 
 
 def _fmt(values: list[float]) -> str:
@@ -80,7 +81,10 @@ class ScheduleExplorer(w.VBox):
         for name, control in self.controls.items():
             control.add_class(f"zb-ctl-{name}")
             control.observe(lambda _: self.redraw(), names="value")
-        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        # pixel for pixel (a narrower notebook shrinks it, never stretches it)
+        self.image = w.Image(
+            format="png", layout=w.Layout(width=f"{_WIDTH_IN * _DPI:.0f}px", max_width="100%")
+        )
         self.numbers = w.HTML()
         self.out = w.Output()  # errors land here instead of vanishing
         # (name, pp, m, costs?, limit?, placement?) -> (Schedule, zb-auto's kept candidate)
@@ -112,7 +116,7 @@ class ScheduleExplorer(w.VBox):
                 self.numbers.value = f"<p style='color:#b00'>cannot build: {err}</p>"
                 raise
             self.simulation = simulate(schedule, costs, check=False)
-            self.figure = plot_schedule(self.simulation, width=11, labels=m * pp <= 128)
+            self.figure = plot_schedule(self.simulation, width=_WIDTH_IN, labels=m * pp <= 128)
             self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
             self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit, kept)
 
