@@ -94,10 +94,17 @@ def test_schedule_explorer_numbers_are_the_simulation_and_the_closed_form():
     e.controls["schedule"].value = "1f1b"  # a fixed schedule: the limit is only compared
     assert "ignored by 1f1b" in _number(e.numbers.value, "memory limit")
 
-    with pytest.raises(ValueError, match="multiple of pp"):
-        e.controls["m"].value = 9
-        e.controls["schedule"].value = "interleaved-1f1b"
-    assert "cannot build" in e.numbers.value
+    e.controls["m"].value = 9  # 1f1b draws it
+    shown = bytes(e.image.value)
+    e.controls["schedule"].value = "interleaved-1f1b"  # impossible: m not a multiple of pp
+    # one line in the widget, no traceback; the last good picture stays
+    assert isinstance(e.error, ValueError) and "multiple of pp" in str(e.error)
+    text = re.sub(r"<[^>]+>", "", e.numbers.value)
+    assert text.startswith("cannot build interleaved-1f1b:") and "\n" not in text
+    assert "multiple of pp" in text and "Traceback" not in text and not e.out.outputs
+    assert bytes(e.image.value) == shown
+    e.controls["m"].value = 16  # possible again: drawn, the error gone
+    assert e.error is None and "bubble rate" in e.numbers.value
     with pytest.raises(ValueError, match="unknown"):
         ScheduleExplorer("fast")
 
@@ -204,6 +211,15 @@ def test_closed_forms_shown_agree_with_the_simulator(name):
                 assert pm[1] == sim.peak_memory, (pp, m, pm[0])
                 checked += 1
     assert checked >= 10  # the formulas apply to most of these settings
+
+
+def test_schedule_explorer_controls_are_wide_and_their_labels_fit():
+    e = ScheduleExplorer()
+    for name, control in e.controls.items():
+        assert control.layout.width == "400px", name
+        label_px = int(control.style.description_width.rstrip("px"))
+        # about 7 px per character at the notebook's 13 px font: the label is not cut
+        assert len(control.description) * 7 <= label_px, control.description
 
 
 def test_schedule_explorer_image_is_drawn_at_the_size_it_is_shown():

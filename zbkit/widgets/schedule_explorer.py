@@ -13,6 +13,7 @@ shows when it is chosen. Built schedules are cached by every argument the builde
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import ipywidgets as w
@@ -24,6 +25,7 @@ from zbkit.viz import plot_schedule
 from zbkit.widgets._common import table_html
 
 _DPI = 100  # drawn at the size it is shown (no stretching, so no blur)
+_CONTROL_WIDTH, _LABEL_WIDTH = "400px", "130px"  # a slider's track: about 220 px
 _WIDTH_IN = 10.0  # figure width in inches: _WIDTH_IN * _DPI pixels, the image's own width
 
 
@@ -51,7 +53,7 @@ class ScheduleExplorer(w.VBox):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule {schedule!r} unknown; choose one of {SCHEDULES}")
         costs = costs if costs is not None else Costs(1.0, 1.0, 1.0, comm=0.0)
-        slider = dict(continuous_update=False, style={"description_width": "140px"})
+        slider = dict(continuous_update=False)
         self.controls: dict[str, Any] = {
             "schedule": w.Dropdown(options=SCHEDULES, value=schedule, description="schedule"),
             "pp": w.IntSlider(value=pp, min=1, max=16, description="pp (ranks)", **slider),
@@ -69,7 +71,8 @@ class ScheduleExplorer(w.VBox):
                 min=0,
                 max=64,
                 step=1,
-                description="memory limit (0=none)",
+                description="memory limit",
+                tooltip="0: no limit",
                 **slider,
             ),
             "placement": w.Dropdown(
@@ -79,6 +82,9 @@ class ScheduleExplorer(w.VBox):
             ),
         }
         for name, control in self.controls.items():
+            # wide tracks (a 64 px slider made pp jump 4 -> 16 in one drag), labels never cut
+            control.layout.width = _CONTROL_WIDTH
+            control.style.description_width = _LABEL_WIDTH
             control.add_class(f"zb-ctl-{name}")
             control.observe(lambda _: self.redraw(), names="value")
         # pixel for pixel (a narrower notebook shrinks it, never stretches it)
@@ -86,7 +92,8 @@ class ScheduleExplorer(w.VBox):
             format="png", layout=w.Layout(width=f"{_WIDTH_IN * _DPI:.0f}px", max_width="100%")
         )
         self.numbers = w.HTML()
-        self.out = w.Output()  # errors land here instead of vanishing
+        self.out = w.Output()  # unexpected errors land here instead of vanishing
+        self.error: Exception | None = None  # the last settings that could not be built
         # (name, pp, m, costs?, limit?, placement?) -> (Schedule, zb-auto's kept candidate)
         self._built: dict[tuple, tuple[Any, Any]] = {}
         self.simulation: Any = None
@@ -112,9 +119,12 @@ class ScheduleExplorer(w.VBox):
             c["placement"].layout.display = None if name == "zb-auto" else "none"
             try:
                 schedule, kept = self._schedule(name, pp, m, costs, limit)
-            except ValueError as err:  # e.g. m not a multiple of pp: say so, keep the old plot
-                self.numbers.value = f"<p style='color:#b00'>cannot build: {err}</p>"
-                raise
+            except ValueError as err:  # e.g. m not a multiple of pp: one line, keep the old plot
+                self.error = err
+                line = html.escape(str(err).splitlines()[0])
+                self.numbers.value = f"<p style='color:#b00'>cannot build {name}: {line}</p>"
+                return
+            self.error = None
             self.simulation = simulate(schedule, costs, check=False)
             self.figure = plot_schedule(self.simulation, width=_WIDTH_IN, labels=m * pp <= 128)
             self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
