@@ -73,4 +73,4 @@ def box_text(e: Event, room: float, chunked: bool) -> str:
         if room >= len(text) + 1:
             return text
     last = str(e.microbatch)
-    return last if room >= len(last) + 0.5 else ""
+    return last if room >= len(last) + 1 else ""

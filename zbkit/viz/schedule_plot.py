@@ -22,7 +22,9 @@ from zbkit.viz.memory_plot import plot_memory  # noqa: F401 - its old home, stil
 from zbkit.viz.timeline import Timeline, timeline
 
 _FONT_SIZE = 8  # box labels, in points
-_FONT_PX = 0.6 * _FONT_SIZE * DPI / 72  # rough width of one character, in pixels
+# a generous width of one character, in pixels (DejaVu's average is ~0.6 em, "W" ~0.9 em):
+# labels of neighbouring boxes must never run together ("3W44W5")
+_FONT_PX = 0.72 * _FONT_SIZE * DPI / 72
 _CHUNK_BASE = "#b0b0b0"  # the legend's swatch for "chunk c": grey, shaded as boxes are
 
 
@@ -160,9 +162,10 @@ def plot_schedule(
             PolyCollection(
                 outline_verts,
                 facecolors="none",
-                edgecolors="#333333",
-                linewidths=0.8,
-                linestyles="--",
+                edgecolors="#111111",
+                linewidths=1.4,
+                linestyles=(0, (4, 2)),
+                zorder=3,  # over the measured boxes, not hidden by them
                 gid="simulated",
             )
         )
@@ -189,7 +192,9 @@ def plot_schedule(
     if waits:
         handles.append(Patch(facecolor=COMM_COLOR, label="waiting on a receive"))
     if ref is not None and compare == "overlay":
-        handles.append(Patch(facecolor="none", edgecolor="#333333", ls="--", label="simulated"))
+        handles.append(
+            Patch(facecolor="none", edgecolor="#111111", ls="--", lw=1.4, label="simulated")
+        )
     ax.legend(
         handles=handles,
         loc="lower right",

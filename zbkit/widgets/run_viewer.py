@@ -10,6 +10,15 @@ from zbkit.schedules.events import rank_spans
 from zbkit.viz import plot_schedule, timeline
 from zbkit.widgets._common import table_html
 
+_DPI, _WIDTH_IN = 100, 10.0  # drawn at the size it is shown, as ScheduleExplorer
+
+
+def _idle(span: float, busy: float) -> float:
+    """span - busy without float noise: summed durations differ from first-to-last times
+    in the last bits (-1.11e-16 idle is 0)."""
+    idle = span - busy
+    return 0.0 if abs(idle) <= 1e-9 * max(span, 1.0) else idle
+
 
 class RunViewer(w.VBox):
     """Show `trace` (runner.trace, or a list of events), with `simulation` aligned under it.
@@ -34,7 +43,9 @@ class RunViewer(w.VBox):
         self.rank.add_class("zb-rank-select")
         self.compare = w.ToggleButtons(options=["rows", "overlay"], value="rows")
         self.compare.layout.display = None if simulation is not None else "none"
-        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.image = w.Image(
+            format="png", layout=w.Layout(width=f"{_WIDTH_IN * _DPI:.0f}px", max_width="100%")
+        )
         self.numbers = w.HTML()
         self.out = w.Output()
         self.figure: Any = None
@@ -61,8 +72,9 @@ class RunViewer(w.VBox):
                 compare=self.compare.value,
                 ranks=ranks,
                 unit=self.unit,
+                width=_WIDTH_IN,
             )
-            self.image.value = self.figure.to_png(dpi=80, compress_level=1)
+            self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
             self.numbers.value = self._numbers(ranks)
 
     def _numbers(self, ranks: list[int] | None) -> str:
@@ -77,7 +89,7 @@ class RunViewer(w.VBox):
             row = [r]
             for spans in (run, sim) if self.sim else (run,):
                 lo, hi, busy = spans.get(r, (0.0, 0.0, 0.0))
-                row += [f"{busy:.4g}", f"{hi - lo - busy:.4g}"]
+                row += [f"{busy:.4g}", f"{_idle(hi - lo, busy):.4g}"]
             rows.append(row)
         head = f"<p>run: makespan {self.run.makespan:.4g}, bubble {self.run.bubble_rate:.1%}"
         if self.sim:
