@@ -60,6 +60,15 @@ def test_clicking_f_i_w_fills_grads_in_order_and_matches_autograd():
     assert KIND_COLORS["W"] in s.graph.source and KIND_COLORS["I"] not in s.graph.source
     assert f_colours > 0 and "W done" in s.status.value
 
+    # exercise 3: W again. The button stays live and the widget says why it is refused
+    assert not s.buttons["W"].disabled and s.buttons["I"].disabled
+    s.buttons["W"].click()
+    assert s.phase == "W" and "W refused" in s.status.value
+    assert "already ran" in s.refused and "already ran" in s.status.value
+    for p, want in zip(model.parameters(), want_params, strict=True):
+        assert torch.allclose(p.grad, want, atol=1e-6)  # nothing added twice
+    assert not [o for o in s.out.outputs if o.get("output_type") == "error"]
+
     # F again starts over from empty .grad (the table shows one step's work)
     s.buttons["F"].click()
     assert all(p.grad is None for p in model.parameters()) and s.phase == "F"

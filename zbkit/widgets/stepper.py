@@ -51,6 +51,7 @@ class SplitBackwardStepper(w.VBox):
         self.graph: Any = None
         self.analysis: Any = None
         self.input_grads: list[torch.Tensor | None] = []
+        self.refused: str | None = None  # why the last second W was refused
 
         self.buttons = {k: w.Button(description=t) for k, t in _BUTTON_TEXT.items()}
         for kind, button in self.buttons.items():
@@ -102,6 +103,9 @@ class SplitBackwardStepper(w.VBox):
             self.out.clear_output(wait=True)
             if kind not in _BUTTON_TEXT:
                 raise ValueError(f"step({kind!r}): use one of {', '.join(_BUTTON_TEXT)}")
+            if kind == "W" and self.phase == "W":  # a second W: the library refuses; say why
+                self._second_weight_pass()
+                return
             if kind != "reset" and kind != _NEXT[self.phase]:
                 raise RuntimeError(f"step {kind} now is out of order: next is {_NEXT[self.phase]}")
             if kind in ("reset", "F"):
@@ -119,17 +123,39 @@ class SplitBackwardStepper(w.VBox):
             self.phase = "ready" if kind == "reset" else kind
             self._refresh()
 
+    def _second_weight_pass(self) -> None:
+        """W again on the same microbatch: what I left for W is consumed once, so
+        `stage_backward_weight` refuses (adding the weight gradients twice would be wrong).
+        Its own message goes into the status line; the `.grad`s stay as they were."""
+        try:
+            stage_backward_weight(self.weights, self.result.param_groups)
+        except RuntimeError as err:
+            self.refused = str(err)
+            self.status.value = (
+                "<p style='color:#b00'><b>W refused</b>: "
+                f"{html.escape(self.refused)}. Press F to start the next microbatch.</p>"
+            )
+        else:  # should not happen: the table then shows the doubled .grads
+            self.refused = None
+            self._refresh()
+            return
+        if self.graph is not None:
+            display(self.graph)  # the output was cleared for this step: keep the graph
+
     # -------------------------------------------------------------- drawing
     def _refresh(self) -> None:
         live = _NEXT[self.phase]
         for kind in _PHASES:
-            self.buttons[kind].disabled = kind != live
+            # after W, W stays pressable: a second press shows why it is refused
+            again = kind == "W" and self.phase == "W"
+            self.buttons[kind].disabled = kind != live and not again
             self.buttons[kind].button_style = "primary" if kind == live else ""
         said = {
             "ready": "Press F to run the forward and build the autograd graph.",
             "F": "Forward done: the graph exists, no gradient yet. Next: I.",
             "I": "I done: the inputs have gradients; no parameter's .grad changed. Next: W.",
-            "W": "W done: every .grad is filled and equals plain autograd's.",
+            "W": "W done: every .grad is filled and equals plain autograd's. Press W again "
+            "to see why a second W is refused, or F for the next microbatch.",
         }[self.phase]
         self.status.value = f"<p>phase <b>{self.phase}</b>: {html.escape(said)}</p>"
         self.table.value = self._table()
