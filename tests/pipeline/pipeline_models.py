@@ -18,7 +18,7 @@ from zbkit.schedules import Costs, build_schedule
 WIDTH = 6
 ALL_SCHEDULES = (
     "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-    "looped-bfs", "interleaved-zb", "v-half", "v-min",
+    "looped-bfs", "interleaved-zb", "v-half", "v-min", "dualpipev",
 )  # fmt: skip
 
 
@@ -112,6 +112,9 @@ def oracle(mods: list[nn.Module], x: torch.Tensor, y: torch.Tensor):
 
 
 def schedule(name: str, pp: int, m: int):
+    """`name` for pp ranks and m microbatches (dualpipev, which needs m >= 2 pp, at m = 2 pp)."""
+    if name == "dualpipev":
+        m = max(m, 2 * pp)
     extra = {"costs": Costs(F=1, I=1, W=1)} if name == "zb-auto" else {}
     return build_schedule(name, pp=pp, microbatches=m, **extra)
 

@@ -54,6 +54,7 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
     report = []
     for name, m in cases:
         sch = schedule(name, dist.get_world_size(), m)
+        m = sch.microbatches  # dualpipev needs at least 2 pp
         mods = make_stages(sch.num_stages)
         x, y = batch(3 * m)
         loss, expected = oracle(mods, x, y)
@@ -85,9 +86,9 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
                 "alive": sum(r() is not None for r in seen),
                 "outputs": len(seen),
                 "events": len(runner.trace.events),
-                "actions": len(sch.program[rank]),
+                "actions": len(sch.actions(rank)),  # a pair's halves are two events
                 "all_events": len(whole.events),
-                "all_actions": len(sch),
+                "all_actions": sum(len(sch.actions(r)) for r in sch.program),
                 "all_peaks_match": whole.peak_memory == simulate(sch, Costs()).peak_memory,
                 "causality": _causality_violations(whole, sch.num_stages - 1),
                 "starts_at_zero": min(e.start for e in whole.events) == 0.0,

@@ -35,7 +35,8 @@ BACKENDS = [
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_runner_matches_full_batch_autograd(backend: str) -> None:
-    cases = [(name, m) for name in ALL_SCHEDULES for m in (4, 8)] + [("zb-v", 2), ("1f1b", 1)]
+    cases = [(name, m) for name in ALL_SCHEDULES for m in (4, 8) if name != "dualpipev"]
+    cases += [("zb-v", 2), ("1f1b", 1), ("dualpipev", 8)]  # dualpipev needs m >= 2 pp
     out = launch(
         pipeline_ranks.check_everything,
         cases,

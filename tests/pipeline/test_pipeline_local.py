@@ -28,6 +28,7 @@ from zbkit.schedules import Costs, Schedule, ScheduleError, simulate
 @pytest.mark.parametrize("pp,m", [(4, 4), (4, 8), (3, 6), (2, 2)])
 def test_local_pipeline_matches_full_batch_autograd(name: str, pp: int, m: int) -> None:
     sch = schedule(name, pp, m)
+    m = sch.microbatches  # dualpipev needs at least 2 pp
     mods = make_stages(sch.num_stages)
     x, y = batch(3 * m)
     loss, expected = oracle(mods, x, y)
@@ -62,9 +63,11 @@ def test_memory_record_equals_simulator_peak(name: str) -> None:
         measured = pipe.trace.peak_for(costs.mem_activation, costs.mem_weight)
         assert measured == simulate(sch, costs).peak_memory, (name, costs)
     # the trace has one event per action, in each rank's program order
-    for rank, actions in sch.program.items():
+    for rank in sch.program:  # an overlapped pair: its two halves, marked as paired
         got = [(e.stage, e.kind, e.microbatch) for e in pipe.trace.events if e.rank == rank]
-        assert got == [(a.stage, a.kind, a.microbatch) for a in actions]
+        assert got == [(a.stage, a.kind, a.microbatch) for a in sch.actions(rank)]
+    paired = sum(e.paired for e in pipe.trace.events)
+    assert paired == 2 * sum(len(item.halves) == 2 for row in sch.program.values() for item in row)
 
 
 def test_two_steps_accumulate_like_autograd_and_leave_nothing_behind() -> None:

@@ -55,7 +55,7 @@ def test_grid_lists_every_rank_and_marks_errors():
 def test_names_are_the_contract():
     assert SCHEDULES == (
         "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-        "looped-bfs", "interleaved-zb", "v-half", "v-min",
+        "looped-bfs", "interleaved-zb", "v-half", "v-min", "dualpipev",
     )  # fmt: skip
     with pytest.raises(ValueError, match="unknown schedule 'zb-h3'.*gpipe"):
         build_schedule("zb-h3", pp=2, microbatches=2)

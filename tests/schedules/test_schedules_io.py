@@ -37,13 +37,17 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_torch_rows_with_idle_cells_and_comms_load():
-    text = ",0F0,1SEND_F0,,0B0\n1RECV_F0,1F0,1B0\n"
+    # idle cells of torch's compute-only form are skipped; its transfers are kept in place
+    text = ",0F0,0SEND_F0,,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n"
     s = Schedule.from_csv(text)
     assert [str(a) for a in s.program[0]] == ["0F0", "0B0"]
     assert [str(a) for a in s.program[1]] == ["1F0", "1B0"]
-    validate(s)
-    s2 = Schedule.from_csv("(0F0;0F1)OVERLAP_F_B,0B0,0B1\n1F0,1B0,1F1,1B1\n")
-    assert [str(a) for a in s2.program[0]] == ["0F0", "0F1", "0B0", "0B1"]
+    assert s.to_csv() == "0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n"
+    with pytest.raises(ScheduleError, match="1SEND_B0 has no matching 0RECV_B0 on rank 0"):
+        validate(s)
+    # an overlapped pair of two forwards is not one torch makes: refused, not flattened
+    with pytest.raises(ScheduleError, match="a forward then a backward"):
+        Schedule.from_csv("(0F0;0F1)OVERLAP_F_B,0B0,0B1\n1F0,1B0,1F1,1B1\n")
 
 
 def test_torch_zbv_golden_loads_validates_and_has_no_bubble():

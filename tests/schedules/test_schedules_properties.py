@@ -12,38 +12,57 @@ COSTS = [Costs(F=1.0, I=1.2, W=0.7, comm=0.1), Costs(F=2.0, I=1.0, W=1.5, comm=0
 
 def check_events(sim, per_stage):
     s = sim.schedule
-    end = {(e.stage, e.kind, e.microbatch): e.end for e in sim.events}
     last = s.num_stages - 1
     by_rank = {}
     for e in sim.events:
         by_rank.setdefault(e.rank, []).append(e)
+    # when each action's output is there: its end, or its overlapped pair's end
+    end = {}
+    for events in by_rank.values():
+        for i, e in enumerate(events):
+            pair_end = events[i + 1].end if e.paired and e.kind == "F" else e.end
+            end[e.stage, e.kind, e.microbatch] = pair_end
+
+    def ready_at(e, rank, free):
+        c = per_stage[e.stage]
+        # the rule: F(s,j) <- F(s-1,j); I/B(s,j) <- F(s,j) and I/B(s+1,j); W <- I
+        deps = []
+        if e.kind == "F" and e.stage > 0:
+            deps = [(e.stage - 1, "F")]
+        elif e.kind == "W":
+            deps = [(e.stage, "I")]
+        elif e.kind in "IB":
+            deps = [(e.stage, "F")] + ([(e.stage + 1, "IB")] if e.stage < last else [])
+        ready = free
+        for stage, kinds in deps:
+            t = max(end.get((stage, k, e.microbatch), -1.0) for k in kinds)
+            assert t >= 0, (e, stage, kinds)
+            if s.stage_to_rank[stage] != rank:
+                t += c.comm
+            ready = max(ready, t)
+        return ready
+
     for rank, events in by_rank.items():
         assert [(e.stage, e.kind, e.microbatch) for e in events] == [
-            (a.stage, a.kind, a.microbatch) for a in s.program[rank]
-        ]
-        prev_end = None
-        for e in events:
+            (a.stage, a.kind, a.microbatch) for a in s.actions(rank)
+        ]  # an overlapped pair's halves are two events, each its own time (overlap = 0)
+        free, i = 0.0, 0
+        while i < len(events):
+            e = events[i]
             c = per_stage[e.stage]
-            duration = {"F": c.F, "I": c.I, "W": c.W, "B": c.I + c.W}[e.kind]
-            assert e.end - e.start == pytest.approx(duration)
-            # the rule: F(s,j) <- F(s-1,j); I/B(s,j) <- F(s,j) and I/B(s+1,j); W <- I
-            deps = []
-            if e.kind == "F" and e.stage > 0:
-                deps = [(e.stage - 1, "F")]
-            elif e.kind == "W":
-                deps = [(e.stage, "I")]
-            elif e.kind in "IB":
-                deps = [(e.stage, "F")] + ([(e.stage + 1, "IB")] if e.stage < last else [])
-            ready = 0.0 if prev_end is None else prev_end
-            for stage, kinds in deps:
-                t = max(end.get((stage, k, e.microbatch), -1.0) for k in kinds)
-                assert t >= 0, (e, stage, kinds)
-                if s.stage_to_rank[stage] != rank:
-                    t += c.comm
-                ready = max(ready, t)
+            duration = {"F": c.F, "I": c.I, "W": c.W, "B": c.I + c.W}
+            assert e.end - e.start == pytest.approx(duration[e.kind])
+            if e.paired:  # a pair starts when both halves are ready; its halves back to back
+                b = events[i + 1]
+                assert b.paired and b.start == pytest.approx(e.end)
+                assert b.end - b.start == pytest.approx(duration[b.kind])
+                ready = max(ready_at(e, rank, free), ready_at(b, rank, free))
+                assert e.start == pytest.approx(ready), (e, b)
+                free, i = b.end, i + 2
+                continue
             # one action at a time, and as soon as possible
-            assert e.start == pytest.approx(ready), e
-            prev_end = e.end
+            assert e.start == pytest.approx(ready_at(e, rank, free)), e
+            free, i = e.end, i + 1
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

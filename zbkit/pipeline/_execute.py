@@ -26,7 +26,7 @@ from torch.profiler import record_function
 
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Event, MemorySample, Trace
-from zbkit.schedules import Action, Product
+from zbkit.schedules import Action, Overlap, Product
 
 # whether a torch profiler is recording (a cheap C call; without it, assume one is)
 _profiling = getattr(torch.autograd, "_profiler_enabled", lambda: True)
@@ -78,13 +78,19 @@ class StepState:
         self.cuda = CudaTimer(clock) if cuda else None  # GPU times of the actions
 
     # ------------------------------------------------------------------ one action
-    def run(self, action: Action) -> None:
-        """Runs one compute action and records its event and the memory held after it.
+    def run(self, item: Action | Overlap) -> None:
+        """Runs one program item (an action, or both halves of an overlapped pair, one after
+        the other here) and records its events and the memory held after each.
 
-        The action runs inside ``torch.profiler.record_function("0F3")``, so a torch profiler
+        An action runs inside ``torch.profiler.record_function("0F3")``, so a torch profiler
         (Kineto) trace of a zbkit run shows the schedule; on CUDA its time comes from CUDA
         events (the host clock around asynchronous kernels would measure their launch).
         """
+        paired = type(item) is Overlap
+        for action in item.halves:
+            self._run(action, paired)
+
+    def _run(self, action: Action, paired: bool) -> None:
         kind, s, j = action.info, action.stage, action.microbatch
         n = len(self.stage_to_rank)
         stage = self.stages[s]
@@ -105,7 +111,7 @@ class StepState:
         rank = self.stage_to_rank[s]
         if gpu is not None:
             self.cuda.stop(gpu, len(self.trace.events))
-        self.trace.events.append(Event(rank, s, action.kind, j, start, end))
+        self.trace.events.append(Event(rank, s, action.kind, j, start, end, paired))
         self.trace.memory_samples.append(
             MemorySample(
                 rank,
@@ -117,10 +123,16 @@ class StepState:
             )
         )
 
-    def ready(self, action: Action) -> bool:
-        """Whether everything ``action`` needs from other stages is here (it would not block)."""
-        s, j, n = action.stage, action.microbatch, len(self.stage_to_rank)
-        return all((p, s, j) in self.inbox for p, src in action.info.needs_of(s, n) if src != s)
+    def ready(self, item: Action | Overlap) -> bool:
+        """Whether everything ``item`` needs from other stages is here (it would not block);
+        for an overlapped pair, what both halves need."""
+        n = len(self.stage_to_rank)
+        return all(
+            (p, a.stage, a.microbatch) in self.inbox
+            for a in item.halves
+            for p, src in a.info.needs_of(a.stage, n)
+            if src != a.stage
+        )
 
     # ------------------------------------------------------------------ per kind: the compute
     def run_forward(self, stage: PipelineStage, a: Action, received: dict) -> Any:

@@ -98,8 +98,10 @@ class ScheduleRunner:
         # (the last action doing the W part of the work, from the KINDS table: W or B)
         last_backward = {
             a.stage: i
-            for i, a in enumerate(self.plan)
-            if not isinstance(a, Comm) and "W" in a.info.parts
+            for i, item in enumerate(self.plan)
+            if not isinstance(item, Comm)
+            for a in item.halves
+            if "W" in a.info.parts
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
         self.trace = Trace()

@@ -8,7 +8,7 @@
 The layers and where to add a schedule or an action kind: docs/architecture.md.
 """
 
-from zbkit.schedules.action import KINDS, Action, Kind, Product
+from zbkit.schedules.action import KINDS, Action, Kind, Overlap, Product
 from zbkit.schedules.builders import SCHEDULES, build_schedule, explain_auto
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.events import CommEvent, Event, bubble_rate, memory_deltas, memory_steps
@@ -27,6 +27,7 @@ __all__ = [
     "Costs",
     "Event",
     "Kind",
+    "Overlap",
     "Plan",
     "Product",
     "Schedule",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zbkit.schedules.action import KINDS, Action, Product
+from zbkit.schedules.action import KINDS, Action, Overlap, Product
 from zbkit.schedules.schedule import Schedule
 
 _WHAT = {p: i for i, p in enumerate(Product)}
@@ -31,16 +31,23 @@ def tables() -> tuple[dict[str, int], dict[str, tuple[tuple[int, int], ...]]]:
     return done, needs
 
 
-def dependencies(a: Action, last_stage: int) -> list[tuple[int, int, int]]:
-    """(what, stage, microbatch) that `a` waits for; what as in the module docstring."""
+def dependencies(item: Action | Overlap, last_stage: int) -> list[tuple[int, int, int]]:
+    """(what, stage, microbatch) that `item` waits for (both halves of an overlapped pair:
+    it starts when both are ready); what as in the module docstring."""
     stages = last_stage + 1
-    return [(_WHAT[p], s, a.microbatch) for p, s in a.info.needs_of(a.stage, stages)]
+    return [
+        (_WHAT[p], s, a.microbatch)
+        for a in item.halves
+        for p, s in a.info.needs_of(a.stage, stages)
+    ]
 
 
 class Stuck(Exception):
     """Ranks blocked for good: blocked[rank] = (position, action, (what, stage, mb) awaited)."""
 
-    def __init__(self, blocked: dict[int, tuple[int, Action, tuple[int, int, int]]]) -> None:
+    def __init__(
+        self, blocked: dict[int, tuple[int, Action | Overlap, tuple[int, int, int]]]
+    ) -> None:
         super().__init__("deadlock")
         self.blocked = blocked
 
@@ -49,11 +56,14 @@ def run(
     schedule: Schedule,
     duration: dict[tuple[int, str], float],
     comm: Sequence[float],
+    hidden: Sequence[float] | None = None,
 ) -> dict[int, list[tuple[float, float]]]:
-    """(start, end) of every action, per rank in program order; raises `Stuck`.
+    """(start, end) of every program item, per rank in order; raises `Stuck`.
 
     `duration[stage, kind]`; `comm[stage]` is added when an action of that stage waits on
-    another rank. Indices must be in range (run `validate` first).
+    another rank. An overlapped pair (`Overlap`) starts when both halves are ready and
+    takes both durations less `hidden[forward's stage]` (at least the longer half); what
+    both make is there when it ends. Indices must be in range (run `validate` first).
     """
     program, where = schedule.program, schedule.stage_to_rank
     n, m = schedule.num_stages, schedule.microbatches
@@ -75,6 +85,20 @@ def run(
         t_free, i, count = free[r], len(out), len(actions)
         while i < count:
             a = actions[i]
+            if type(a) is Overlap:  # rare: the general walk, both halves at once
+                span = _pair(a, t_free, done, where, r, comm, m, wait_on, dur, hidden)
+                if isinstance(span, int):
+                    waiting.setdefault(span, []).append(r)
+                    break
+                out.append(span)
+                t_free = span[1]
+                i += 1
+                for h in a.halves:
+                    key = makes[h.kind] + h.stage * m + h.microbatch
+                    done[key] = t_free
+                    if key in waiting:
+                        todo.extend(waiting.pop(key))
+                continue
             s, kind, j = a.stage, a.kind, a.microbatch
             start = t_free
             blocked = -1
@@ -114,3 +138,24 @@ def run(
     if stuck:
         raise Stuck(stuck)
     return times
+
+
+def _pair(pair, t_free, done, where, r, comm, m, wait_on, dur, hidden):
+    """An overlapped pair's (start, end), or the key it is blocked on (an int)."""
+    start = t_free
+    for a in pair.halves:
+        s, j = a.stage, a.microbatch
+        for base, d in wait_on[a.kind]:
+            ds = s + d
+            if ds < 0 or ds >= len(where):
+                continue
+            t = done[base + ds * m + j]
+            if t is None:
+                return base + ds * m + j
+            if where[ds] != r:
+                t += comm[s]
+            start = max(start, t)
+    f, b = pair.forward, pair.backward
+    halves = (dur[f.kind][f.stage], dur[b.kind][b.stage])
+    saved = hidden[f.stage] if hidden is not None else 0.0
+    return (start, start + max(sum(halves) - saved, *halves))

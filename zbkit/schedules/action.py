@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["KINDS", "PARTS", "Action", "Kind", "Product", "kinds_making"]
+__all__ = ["KINDS", "PARTS", "Action", "Kind", "Overlap", "Product", "kinds_making", "parse_item"]
 
 
 class Product(StrEnum):
@@ -138,6 +138,11 @@ class Action:
     def info(self) -> Kind:
         return KINDS[self.kind]
 
+    @property
+    def halves(self) -> tuple[Action]:
+        """The actions this program item runs: itself (an `Overlap` has two)."""
+        return (self,)
+
     @classmethod
     def parse(cls, text: str) -> Action:
         """`Action.parse("1I2") == Action(1, "I", 2)`; the inverse of `str`."""
@@ -155,3 +160,72 @@ def _clip(text: object, most: int = 40) -> str:
     """repr of `text`, cut to `most` characters: a message stays one short line."""
     shown = repr(text)
     return shown if len(shown) <= most else shown[:most] + "...'"
+
+
+# the backward kinds an overlapped pair may carry: those that make an input gradient
+_PAIRED = tuple(k.letter for k in kinds_making(Product.GRAD))
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """torch's OVERLAP_F_B: a forward and a backward (B or I) of another microbatch, issued
+    together on one rank as one program item (DualPipe overlaps one's communication with
+    the other's compute). Both halves must be ready when the pair starts: neither may wait
+    for the other. Text forms: `0F1+1B0` (zbkit) and `(0F1;1B0)OVERLAP_F_B` (torch's CSV).
+    """
+
+    forward: Action
+    backward: Action
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.forward, Action) or not isinstance(self.backward, Action):
+            raise TypeError(
+                f"an Overlap pairs two Actions, got {self.forward!r}, {self.backward!r}"
+            )
+        if self.forward.kind != "F" or self.backward.kind not in _PAIRED:
+            raise ValueError(
+                f"an overlapped pair is a forward then a backward ({' or '.join(_PAIRED)}), "
+                f"got {self.forward} and {self.backward}"
+            )
+
+    @property
+    def halves(self) -> tuple[Action, Action]:
+        return (self.forward, self.backward)
+
+    def __str__(self) -> str:
+        return f"{self.forward}+{self.backward}"
+
+    def __repr__(self) -> str:
+        return f"Overlap({self.forward!r}, {self.backward!r})"
+
+    def torch_form(self) -> str:
+        return f"({self.forward};{self.backward})OVERLAP_F_B"
+
+
+def parse_item(text: str) -> Action | Overlap:
+    """One program item from text: '0F3', or an overlapped pair '0F1+1B0' or
+    '(0F1;1B0)OVERLAP_F_B' (torch's form)."""
+    if not isinstance(text, str):
+        raise TypeError(f"an action is written as text like '0F3', got {text!r}")
+    body = text.strip()
+    if body.startswith("("):
+        if ")" not in body:
+            raise ValueError(
+                f"{_clip(body)} has no closing ')': write an overlapped pair as "
+                "(0F1;0B0)OVERLAP_F_B"
+            )
+        inner, _, tail = body[1:].partition(")")
+        if tail.strip().upper() != "OVERLAP_F_B":
+            raise ValueError(
+                f"{_clip(body)}: the only grouped action is (F;B)OVERLAP_F_B, got {_clip(tail)}"
+            )
+        halves = inner.split(";")
+    elif "+" in body:
+        halves = body.split("+")
+    else:
+        return Action.parse(body)
+    if len(halves) != 2:
+        raise ValueError(
+            f"{_clip(body)}: an overlapped pair has two halves, a forward and a backward"
+        )
+    return Overlap(Action.parse(halves[0]), Action.parse(halves[1]))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules import _build_looped as looped
 from zbkit.schedules._auto import PLACEMENTS, AutoSearch, search, zb_auto
+from zbkit.schedules._build_dualpipe import dualpipe_v
 from zbkit.schedules._build_v import v_schedule
 from zbkit.schedules.action import KINDS, PARTS
 from zbkit.schedules.costs import Costs
@@ -21,7 +22,7 @@ __all__ = ["PLACEMENTS", "SCHEDULES", "AutoSearch", "build_schedule", "explain_a
 
 SCHEDULES = (
     "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-    "looped-bfs", "interleaved-zb", "v-half", "v-min",
+    "looped-bfs", "interleaved-zb", "v-half", "v-min", "dualpipev",
 )  # fmt: skip
 
 
@@ -82,6 +83,11 @@ def _zb_v(pp: int, m: int, name: str, costs=None, memory_limit=None) -> Schedule
     return zb_auto(pp, m, name, costs, memory_limit, placement="v")
 
 
+def _dualpipe_v(pp: int, m: int, name: str) -> Schedule:
+    # torch's ScheduleDualPipeV: overlapped F+B pairs on ZB-V's placement
+    return Schedule(dualpipe_v(pp, m), _v_placement(pp), m, name)
+
+
 def _v_controllable(pp: int, m: int, name: str) -> Schedule:
     # V-Half / V-Min (Qi et al. 2024): ZB-V's placement, 1/2 or 1/3 of 1F1B's memory
     return Schedule(v_schedule(pp, m, name), _v_placement(pp), m, name)
@@ -99,6 +105,7 @@ _BUILDERS: dict[str, Callable[..., Schedule]] = {
     "interleaved-zb": _interleaved_zb,
     "v-half": _v_controllable,
     "v-min": _v_controllable,
+    "dualpipev": _dualpipe_v,
 }
 # the options each builder takes (beyond pp and microbatches)
 _OPTIONS = {
@@ -190,7 +197,8 @@ def check_counts(schedule: Schedule) -> None:
     m times: m F, and m B or m I and m W (the parts each kind does come from `KINDS`)."""
     m, where = schedule.microbatches, schedule.stage_to_rank
     kinds: Counter = Counter()  # (stage, kind) -> actions (counted in C: 100k stay cheap)
-    for rank, prog in schedule.program.items():
+    for rank in schedule.program:
+        prog = schedule.actions(rank)  # an overlapped pair's halves one by one
         wrong = next((a for a in prog if where[a.stage] != rank), None)
         if wrong is not None:
             raise AssertionError(

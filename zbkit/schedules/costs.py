@@ -21,9 +21,13 @@ class Costs:
     comm: float = 0.0  # added to every wait on another rank
     mem_activation: float = 1.0  # held from F until I (M_B in the paper)
     mem_weight: float = 0.0  # held from I until W (M_W in the paper)
+    # time saved when this stage's forward runs overlapped with a backward (torch's
+    # OVERLAP_F_B, DualPipe's pairs: one's communication hidden behind the other's compute);
+    # the pair takes F + the backward's time - overlap, never less than its longer half
+    overlap: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("F", "I", "W", "comm", "mem_activation", "mem_weight"):
+        for name in ("F", "I", "W", "comm", "mem_activation", "mem_weight", "overlap"):
             value = getattr(self, name)
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value < 0:

@@ -33,6 +33,7 @@ class Event(NamedTuple):
     microbatch: int
     start: float
     end: float
+    paired: bool = False  # one half of an overlapped pair (drawn as one box with its other half)
 
     @property
     def label(self) -> str:
@@ -102,7 +103,7 @@ def memory_steps(
     n = max(ranks, num_ranks or 0)
     changes: list[list[tuple[float, float]]] = [[] for _ in range(n)]
     first = [float("inf")] * n
-    for (rank, _, _, _, start, end), delta in zip(events, deltas, strict=True):
+    for (rank, _, _, _, start, end, *_), delta in zip(events, deltas, strict=True):
         changes[rank].append((start if delta > 0 else end, delta))
         if start < first[rank]:
             first[rank] = start

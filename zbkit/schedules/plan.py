@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Union
 
-from zbkit.schedules.action import Action, Product
+from zbkit.schedules.action import Action, Overlap, Product
 from zbkit.schedules.schedule import Schedule
 
 __all__ = ["Comm", "CommOp", "Plan", "PlanStep", "derive_plan"]
@@ -73,7 +73,7 @@ class Comm:
         )
 
 
-PlanStep = Union[Action, Comm]  # noqa: UP007 - a runtime alias, readable in isinstance checks
+PlanStep = Union[Action, Overlap, Comm]  # noqa: UP007 - a runtime alias, readable in isinstance checks
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ class Plan:
         return [c for c in self.steps if isinstance(c, Comm)]
 
     @property
-    def actions(self) -> list[Action]:
-        return [a for a in self.steps if isinstance(a, Action)]
+    def actions(self) -> list[Action | Overlap]:
+        return [a for a in self.steps if not isinstance(a, Comm)]
 
     def __str__(self) -> str:
         width = len(str(len(self.steps) - 1)) if self.steps else 1
@@ -116,13 +116,17 @@ def derive_plan(schedule: Schedule, rank: int) -> Plan:
     """``rank``'s compute actions with the ``Comm`` each one needs around it."""
     where, n = schedule.stage_to_rank, schedule.num_stages
     steps: list[PlanStep] = []
-    for a in schedule.program.get(rank, []):
-        s, j, kind = a.stage, a.microbatch, a.info
-        for product, src in kind.needs_of(s, n):
-            if where[src] != rank:
-                steps.append(Comm(CommOp.RECV, product, s, j, where[src], str(a)))
-        steps.append(a)
-        dst = kind.consumer(s, n)
-        if dst is not None and where[dst] != rank:
-            steps.append(Comm(CommOp.SEND, kind.makes, dst, j, where[dst], str(a)))
+    for item in schedule.program.get(rank, []):
+        # an overlapped pair: the receives of both halves, the pair, the sends of both
+        for a in item.halves:
+            for product, src in a.info.needs_of(a.stage, n):
+                if where[src] != rank:
+                    steps.append(
+                        Comm(CommOp.RECV, product, a.stage, a.microbatch, where[src], str(a))
+                    )
+        steps.append(item)
+        for a in item.halves:
+            dst = a.info.consumer(a.stage, n)
+            if dst is not None and where[dst] != rank:
+                steps.append(Comm(CommOp.SEND, a.info.makes, dst, a.microbatch, where[dst], str(a)))
     return Plan(rank, tuple(steps))

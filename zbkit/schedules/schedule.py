@@ -1,29 +1,26 @@
 """`Schedule`: per-rank compute programs plus the stage placement, and its text forms.
 
 The text form is torch.distributed.pipelining's CSV (`_dump_csv` / `_load_csv`): one rank
-per row, comma-separated action strings (`0F0,0F1,0I0,0W0,...`; `B` is a full backward).
-torch writes empty cells for idle steps and may include communication actions; loading
-skips both, because a compute program plus the placement is all a schedule needs here.
+per row, comma-separated action strings (`0F0,0F1,0I0,0W0,...`; `B` is a full backward;
+`(0F1;1B0)OVERLAP_F_B` an overlapped pair). torch's compute-only form writes empty cells
+for idle steps (skipped); its compute_comms form also lists transfers and FSDP actions
+(`1SEND_F3`, `0UNSHARD`, ...), kept as `torch_ops` (see `zbkit.schedules.torch_ops`) so
+the file writes back unchanged.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 
 from zbkit.schedules._grid import render_grid
-from zbkit.schedules.action import Action, _clip
+from zbkit.schedules.action import Action, Overlap, parse_item
+from zbkit.schedules.torch_ops import TorchOp, derive_torch_ops, parse_torch_op
 
 __all__ = ["Schedule", "ScheduleError"]
-
-# torch's non-compute actions (communication, FSDP resharding): dropped on load
-_TORCH_NON_COMPUTE = re.compile(
-    r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*$"
-)
 
 
 class ScheduleError(ValueError):
@@ -39,10 +36,13 @@ class Schedule:
     placement (an F whose previous stage is on another rank needs a receive, and so on).
     """
 
-    program: dict[int, list[Action]]
+    program: dict[int, list[Action | Overlap]]
     stage_to_rank: list[int]
     microbatches: int
     name: str = field(default="custom", compare=False)
+    # torch's transfers and FSDP actions between the compute items, as loaded: per rank,
+    # (slot = compute items before it, op); empty for schedules zbkit builds
+    torch_ops: dict[int, list[tuple[int, TorchOp]]] = field(default_factory=dict)
 
     @property
     def pp(self) -> int:
@@ -72,6 +72,10 @@ class Schedule:
     def __len__(self) -> int:
         return sum(len(actions) for actions in self.program.values())
 
+    def actions(self, rank: int) -> list[Action]:
+        """`rank`'s actions in order, an overlapped pair's two halves one after the other."""
+        return [h for item in self.program.get(rank, []) for h in item.halves]
+
     def __repr__(self) -> str:
         return (
             f"Schedule({self.name!r}, pp={self.pp}, num_stages={self.num_stages}, "
@@ -91,40 +95,61 @@ class Schedule:
     @classmethod
     def from_program(
         cls,
-        program: Mapping[int, Sequence[Action | str]] | Sequence[Sequence[Action | str]],
+        program: Mapping[int, Sequence[Action | Overlap | str]]
+        | Sequence[Sequence[Action | Overlap | str]],
         stage_to_rank: Sequence[int] | None = None,
         microbatches: int | None = None,
         name: str = "custom",
     ) -> Schedule:
-        """Build from hand-written programs (actions or strings like "0F1").
+        """Build from hand-written programs (actions or strings like "0F1", "0F1+1B0").
 
         `stage_to_rank` defaults to where each stage's actions appear, `microbatches` to the
         largest microbatch index + 1. Call `validate` to check the result.
         """
         items = program.items() if isinstance(program, Mapping) else enumerate(program)
-        parsed: dict[int, list[Action]] = {}
+        parsed: dict[int, list[Action | Overlap]] = {}
         for rank, actions in items:
             row = []
             for pos, a in enumerate(actions):
                 try:
-                    row.append(a if isinstance(a, Action) else Action.parse(a))
+                    row.append(a if isinstance(a, Action | Overlap) else parse_item(a))
                 except (ValueError, TypeError) as err:
                     raise ScheduleError(f"rank {rank}, position {pos}: {err}") from None
             parsed[int(rank)] = row
         if stage_to_rank is None:
             stage_to_rank = _infer_placement(parsed)
         if microbatches is None:
-            microbatches = 1 + max((a.microbatch for r in parsed.values() for a in r), default=-1)
+            microbatches = 1 + max(
+                (h.microbatch for r in parsed.values() for a in r for h in a.halves), default=-1
+            )
             _check_index(parsed, "microbatch", microbatches)
         return cls(parsed, list(stage_to_rank), int(microbatches), name)
 
     # --- torch.distributed.pipelining CSV form -------------------------------------------
-    def to_csv(self) -> str:
+    def to_csv(self, comms: bool | None = None) -> str:
+        """torch's CSV text: compute only (`comms=False`), or torch's compute_comms form
+        with transfers (`comms=True`: the loaded ones, else derived from the placement as
+        `derive_plan` does); by default, as loaded (with its torch_ops if it had any)."""
+        ops = self.torch_ops if comms is not False else {}
+        if comms and not any(ops.values()):
+            ops = derive_torch_ops(self)
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         for rank in range(self.pp):
-            writer.writerow([str(a) for a in self.program.get(rank, [])])
+            writer.writerow(self.row(rank, ops.get(rank, [])))
         return out.getvalue()
+
+    def row(self, rank: int, ops: Sequence[tuple[int, TorchOp]] | None = None) -> list[str]:
+        """`rank`'s actions as torch writes them, its torch_ops (or `ops`) in their places."""
+        ops = sorted(self.torch_ops.get(rank, []) if ops is None else ops, key=lambda x: x[0])
+        cells, k = [], 0
+        for slot, item in enumerate(self.program.get(rank, [])):
+            while k < len(ops) and ops[k][0] <= slot:
+                cells.append(str(ops[k][1]))
+                k += 1
+            cells.append(_torch_form(item))
+        cells += [str(op) for _, op in ops[k:]]
+        return cells
 
     @classmethod
     def from_csv(
@@ -134,12 +159,20 @@ class Schedule:
         microbatches: int | None = None,
         name: str = "loaded",
     ) -> Schedule:
-        program: dict[int, list[Action]] = {}
+        program: dict[int, list[Action | Overlap]] = {}
+        ops: dict[int, list[tuple[int, TorchOp]]] = {}
         for rank, row in enumerate(csv.reader(io.StringIO(text))):
-            program[rank] = []
+            program[rank], ops[rank] = [], []
             for col, cell in enumerate(row):
-                program[rank].extend(_read_cell(cell.strip(), rank, col))
-        return cls.from_program(program, stage_to_rank, microbatches, name)
+                item = _read_cell(cell.strip(), rank, col)
+                if isinstance(item, TorchOp):
+                    ops[rank].append((len(program[rank]), item))
+                elif item is not None:
+                    program[rank].append(item)
+        schedule = cls.from_program(program, stage_to_rank, microbatches, name)
+        if any(ops.values()):
+            schedule.torch_ops = ops
+        return schedule
 
     def save(self, path: str | PathLike) -> None:
         with open(path, "w", newline="") as f:
@@ -156,22 +189,18 @@ class Schedule:
             return cls.from_csv(f.read(), stage_to_rank, microbatches, name=str(path))
 
 
-def _read_cell(cell: str, rank: int, col: int) -> list[Action]:
-    if not cell or _TORCH_NON_COMPUTE.match(cell):
-        return []  # an idle step, or communication that we derive ourselves
-    where = f"row {rank} (rank {rank}), column {col}"
-    if cell.startswith("("):  # torch's "(0F1;1B0)OVERLAP_F_B": run the parts in order
-        if ")" not in cell:
-            raise ScheduleError(
-                f"{where}: {_clip(cell)} has no closing ')': write an overlapped pair as "
-                "(0F1;0B0)OVERLAP_F_B"
-            )
-        inner = cell[1 : cell.index(")")]
-        return [a for part in inner.split(";") for a in _read_cell(part.strip(), rank, col)]
+def _read_cell(cell: str, rank: int, col: int) -> Action | Overlap | TorchOp | None:
+    """One CSV cell: None for an idle step (torch's compute-only form leaves it empty)."""
+    if not cell:
+        return None
     try:
-        return [Action.parse(cell)]
+        return parse_torch_op(cell) or parse_item(cell)
     except ValueError as err:
-        raise ScheduleError(f"{where}: {err}") from None
+        raise ScheduleError(f"row {rank} (rank {rank}), column {col}: {err}") from None
+
+
+def _torch_form(item: Action | Overlap) -> str:
+    return item.torch_form() if isinstance(item, Overlap) else str(item)
 
 
 def _check_index(program: Mapping[int, Sequence[Action]], what: str, count: int) -> None:
@@ -181,7 +210,7 @@ def _check_index(program: Mapping[int, Sequence[Action]], what: str, count: int)
     if count <= total:
         return
     rank, pos, a = max(
-        ((r, p, a) for r, acts in program.items() for p, a in enumerate(acts)),
+        ((r, p, h) for r, acts in program.items() for p, a in enumerate(acts) for h in a.halves),
         key=lambda x: getattr(x[2], what),
     )
     raise ScheduleError(
@@ -205,13 +234,14 @@ def _runs(numbers: list[int]) -> str:
 def _infer_placement(program: Mapping[int, Sequence[Action]]) -> list[int]:
     where: dict[int, tuple[int, int]] = {}  # stage -> (rank, position) of first sight
     for rank in sorted(program):
-        for pos, a in enumerate(program[rank]):
-            seen = where.setdefault(a.stage, (rank, pos))
-            if seen[0] != rank:
-                raise ScheduleError(
-                    f"rank {rank}, position {pos}: {a} runs stage {a.stage}, which rank "
-                    f"{seen[0]} also runs (position {seen[1]}); a stage lives on one rank"
-                )
+        for pos, item in enumerate(program[rank]):
+            for a in item.halves:
+                seen = where.setdefault(a.stage, (rank, pos))
+                if seen[0] != rank:
+                    raise ScheduleError(
+                        f"rank {rank}, position {pos}: {a} runs stage {a.stage}, which rank "
+                        f"{seen[0]} also runs (position {seen[1]}); a stage lives on one rank"
+                    )
     if not where:
         return []
     _check_index(program, "stage", max(where) + 1)

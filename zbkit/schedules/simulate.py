@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbkit.schedules import _engine
-from zbkit.schedules.action import KINDS, PARTS
+from zbkit.schedules.action import KINDS, PARTS, Action, Overlap
 from zbkit.schedules.costs import Costs, per_stage
 from zbkit.schedules.events import (
     CommEvent,
@@ -58,11 +58,11 @@ class Simulation:
                     if step.op is CommOp.RECV:
                         waiting.append(str(step))
                     continue
-                e = events[index]
-                index += 1
-                if waiting and e.start > free:
-                    out.append(CommEvent(rank, " + ".join(waiting), free, e.start))
-                waiting, free = [], e.end
+                first, last = events[index], events[index + len(step.halves) - 1]
+                index += len(step.halves)  # an overlapped pair has two events
+                if waiting and first.start > free:
+                    out.append(CommEvent(rank, " + ".join(waiting), free, first.start))
+                waiting, free = [], last.end
         return out
 
     def __repr__(self) -> str:
@@ -90,7 +90,8 @@ def simulate(
         check_actions(schedule)
     durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
     try:
-        times = _engine.run(schedule, durations, [c.comm for c in per_stage_costs])
+        comm = [c.comm for c in per_stage_costs]
+        times = _engine.run(schedule, durations, comm, [c.overlap for c in per_stage_costs])
     except _engine.Stuck as stuck:
         if check:  # the validator's message: who waits on whom, with the grid
             raise deadlock_error(schedule, stuck) from None
@@ -99,17 +100,35 @@ def simulate(
     return _summarize(schedule, costs, per_stage_costs, times)
 
 
+def _halves(r: int, pair: Overlap, start: float, end: float, costs: list[Costs]) -> list[Event]:
+    """An overlapped pair's two events: its span cut in proportion to the halves' times."""
+    f, b = pair.halves
+    tf, tb = costs[f.stage].duration(f.kind), costs[b.stage].duration(b.kind)
+    mid = start + (end - start) * (tf / (tf + tb) if tf + tb > 0 else 0.5)
+    return [Event(r, f.stage, "F", f.microbatch, start, mid, True),
+            Event(r, b.stage, b.kind, b.microbatch, mid, end, True)]  # fmt: skip
+
+
 def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     new = tuple.__new__
     events: list[Event] = []
     starts, ends, busy = [], [], []
     for rank in range(schedule.pp):
-        spans = times[rank]
+        spans, before = times[rank], len(events)
         # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
+        items = schedule.program[rank]
         events += [
-            new(Event, (rank, a.stage, a.kind, a.microbatch, start, end))
-            for a, (start, end) in zip(schedule.program[rank], spans, strict=True)
+            new(Event, (rank, a.stage, a.kind, a.microbatch, start, end, False))
+            for a, (start, end) in zip(items, spans, strict=True)
+            if type(a) is Action
         ]
+        if len(events) - before < len(items):  # overlapped pairs: two events each, in order
+            del events[before:]
+            for a, (start, end) in zip(items, spans, strict=True):
+                if type(a) is Action:
+                    events.append(Event(rank, a.stage, a.kind, a.microbatch, start, end))
+                else:
+                    events += _halves(rank, a, start, end, per_stage_costs)
         # a rank runs one action at a time in program order: its span is first start to
         # last end (the numbers rank_spans gives for any events)
         starts.append(spans[0][0] if spans else 0.0)
@@ -122,7 +141,8 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     work = [0.0] * schedule.pp  # one pass over the stages (stages_on per rank is O(p^2))
     for s, r in enumerate(schedule.stage_to_rank):
         work[r] += sum(getattr(per_stage_costs[s], p) for p in PARTS)
-    ideal = schedule.microbatches * max(work)
+    # overlapped pairs save time: then the busiest rank's busy time is the work
+    ideal = min(schedule.microbatches * max(work), max(busy))
     cost = max(span)
     ran = [r for r in range(schedule.pp) if times[r]] or [0]
     return Simulation(

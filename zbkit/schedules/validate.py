@@ -11,8 +11,9 @@ tens of milliseconds.
 from __future__ import annotations
 
 from zbkit.schedules import _engine
-from zbkit.schedules.action import KINDS, PARTS, Action, Product, kinds_making
+from zbkit.schedules.action import KINDS, PARTS, Action, Overlap, Product, kinds_making
 from zbkit.schedules.schedule import Schedule, ScheduleError
+from zbkit.schedules.torch_ops import check_torch_ops
 
 __all__ = ["validate"]
 
@@ -41,13 +42,17 @@ def _fail(schedule: Schedule, message: str, marks: list[tuple[int, int]]) -> Sch
     return ScheduleError(f"{message}\n{schedule.to_grid(marks)}")
 
 
-def _where(a: Action) -> str:
+def _where(a: Action | Overlap) -> str:
+    if isinstance(a, Overlap):
+        return f"the overlapped pair {a}"
     return f"{a} (stage {a.stage}, microbatch {a.microbatch})"
 
 
 def validate(schedule: Schedule) -> None:
-    """Raise `ScheduleError` if `schedule` misses, repeats or misorders an action or deadlocks."""
+    """Raise `ScheduleError` if `schedule` misses, repeats or misorders an action or deadlocks
+    (and, for a loaded torch compute_comms file, if a transfer or FSDP action is wrong)."""
     check_actions(schedule)
+    check_torch_ops(schedule)
     try:
         _engine.run(schedule, _UNIT, [0.0] * schedule.num_stages)
     except _engine.Stuck as stuck:
@@ -111,62 +116,88 @@ def _check_actions(schedule: Schedule) -> list[int]:
     seen = [-1] * (len(letters) * nm)  # action -> position
     done = [-1] * (len(PARTS) * nm)  # part of (stage, mb) -> position of who did it
     made = [False] * (len(products) * nm)
+
+    def check(a: Action, item: Action | Overlap, rank: int, pos: int, program: list) -> int:
+        """Checks one action (or one half of an overlapped pair `item`); books what it did
+        and returns the key of what it makes (-1: nothing), for the caller to mark made."""
+        s, j = a.stage, a.microbatch
+        if s >= n or j >= m:
+            raise _fail(
+                schedule,
+                f"rank {rank}, position {pos}: unknown action {_where(a)}: stages are "
+                f"0..{n - 1} and microbatches 0..{m - 1}",
+                [(rank, pos)],
+            )
+        here = f"rank {rank}, position {pos}: {_where(a)}"
+        if where[s] != rank:
+            raise _fail(
+                schedule,
+                f"{here} runs on rank {rank}, but stage {s} lives on rank {where[s]}; a "
+                "stage cannot be on two ranks",
+                [(rank, pos)],
+            )
+        base = s * m + j
+        index, parts, local_needs, makes = table[a.kind]
+        if seen[index * nm + base] >= 0:
+            first = seen[index * nm + base]
+            msg = f"{here} is repeated (first at position {first})"
+            raise _fail(schedule, msg, [(rank, first), (rank, pos)])
+        for p in parts:
+            p2 = done[p * nm + base]
+            if p2 >= 0:  # same stage means same rank: p2 is a position on this rank
+                raise _fail(
+                    schedule,
+                    f"{here} computes the {_PART_NAME[PARTS[p]]} a second time "
+                    f"({program[p2]} at position {p2} did); each of {', '.join(PARTS)} runs "
+                    f"once per stage and microbatch: {_ways()}",
+                    [(rank, p2), (rank, pos)],
+                )
+        for q in local_needs:  # what it needs from its own stage: made earlier here
+            if not made[q * nm + base]:
+                raise _fail(
+                    schedule, f"{here} {_missing(a, item, products[q], program)}", [(rank, pos)]
+                )
+        for p in parts:
+            done[p * nm + base] = pos
+        seen[index * nm + base] = pos
+        return makes * nm + base if makes >= 0 else -1
+
     for rank in range(schedule.pp):
         program = schedule.program[rank]
-        for pos, a in enumerate(program):
-            if not isinstance(a, Action):
-                raise _fail(
-                    schedule, f"rank {rank}, position {pos}: {a!r} is not an Action", [(rank, pos)]
-                )
-            s, j = a.stage, a.microbatch
-            if s >= n or j >= m:
-                raise _fail(
-                    schedule,
-                    f"rank {rank}, position {pos}: unknown action {_where(a)}: stages are "
-                    f"0..{n - 1} and microbatches 0..{m - 1}",
-                    [(rank, pos)],
-                )
-            here = lambda: f"rank {rank}, position {pos}: {_where(a)}"  # noqa: B023 - used at once
-            if where[s] != rank:
+        for pos, item in enumerate(program):
+            if type(item) is Action:
+                key = check(item, item, rank, pos, program)
+                if key >= 0:
+                    made[key] = True
+                continue
+            if not isinstance(item, Overlap):
                 raise _fail(
                     schedule,
-                    f"{here()} runs on rank {rank}, but stage {s} lives on rank {where[s]}; a "
-                    "stage cannot be on two ranks",
+                    f"rank {rank}, position {pos}: {item!r} is not an Action (or Overlap)",
                     [(rank, pos)],
                 )
-            base = s * m + j
-            index, parts, local_needs, makes = table[a.kind]
-            if seen[index * nm + base] >= 0:
-                first = seen[index * nm + base]
-                msg = f"{here()} is repeated (first at position {first})"
-                raise _fail(schedule, msg, [(rank, first), (rank, pos)])
-            for p in parts:
-                p2 = done[p * nm + base]
-                if p2 >= 0:  # same stage means same rank: p2 is a position on this rank
-                    raise _fail(
-                        schedule,
-                        f"{here()} computes the {_PART_NAME[PARTS[p]]} a second time "
-                        f"({program[p2]} at position {p2} did); each of {', '.join(PARTS)} runs "
-                        f"once per stage and microbatch: {_ways()}",
-                        [(rank, p2), (rank, pos)],
-                    )
-            for q in local_needs:  # what it needs from its own stage: made earlier here
-                if not made[q * nm + base]:
-                    options = [Action(s, k.letter, j) for k in kinds_making(products[q])]
-                    later = next((o for o in options if o in program), None)
-                    producer = later or options[0]
-                    problem = (
-                        f"comes before its {producer.info.name} {producer}"
-                        if later
-                        else f"but {producer} is missing"
-                    )
-                    raise _fail(schedule, f"{here()} {problem}", [(rank, pos)])
-            for p in parts:
-                done[p * nm + base] = pos
-            if makes >= 0:
-                made[makes * nm + base] = True
-            seen[index * nm + base] = pos
+            # a pair starts when both halves are ready: what one makes, the other cannot use
+            keys = [check(a, item, rank, pos, program) for a in item.halves]
+            for key in keys:
+                if key >= 0:
+                    made[key] = True
     return done
+
+
+def _missing(a: Action, item: Action | Overlap, product: Product, program: list) -> str:
+    """Why `a` cannot run yet: what it needs from its own stage comes later, or never."""
+    s, j = a.stage, a.microbatch
+    options = [Action(s, k.letter, j) for k in kinds_making(product)]
+    mine = [h for it in program for h in it.halves]
+    later = next((o for o in options if o in mine), None)
+    if later is not None and item is not a and later in item.halves:
+        return (
+            f"needs {later}, the other half of its overlapped pair {item}: both halves must "
+            "be ready when the pair starts (torch refuses it too)"
+        )
+    if later is not None:
+        return f"comes before its {later.info.name} {later}"
+    return f"but {options[0]} is missing"
 
 
 def _check_complete(schedule: Schedule, done: list[int]) -> None:
@@ -207,7 +238,12 @@ def _check_complete(schedule: Schedule, done: list[int]) -> None:
 
 
 def deadlock_error(schedule: Schedule, stuck: _engine.Stuck) -> ScheduleError:
-    seen = {a: (r, p) for r, prog in schedule.program.items() for p, a in enumerate(prog)}
+    seen = {
+        a: (r, p)
+        for r, prog in schedule.program.items()
+        for p, it in enumerate(prog)
+        for a in it.halves
+    }
     lines = []
     for rank, (pos, a, (what, s, j)) in sorted(stuck.blocked.items()):
         # the action that would make what is awaited (F; or I or B), from the table

@@ -16,7 +16,7 @@ from zbkit.schedules import KINDS, Event, bubble_rate
 
 __all__ = ["Timeline", "raw_events", "timeline"]
 
-_FIELDS = Event._fields
+_FIELDS = Event._fields[:6]  # rank, stage, kind, microbatch, start, end (paired: optional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,12 @@ class Timeline:
     peak_memory: list[float] | None  # from the simulation when it has one
     source: Any  # what the user passed, for costs / memory timelines it may carry
     t0: float = 0.0  # the source's time of the first start (subtracted from every event)
+
+
+def _optional(raw: Any, field: str) -> Any:
+    if isinstance(raw, Mapping):
+        return raw.get(field, False)
+    return getattr(raw, field, False)
 
 
 def _one_event(raw: Any, index: int) -> Event:
@@ -54,6 +60,7 @@ def _one_event(raw: Any, index: int) -> Event:
             microbatch=int(get("microbatch")),
             start=float(get("start")),
             end=float(get("end")),
+            paired=bool(_optional(raw, "paired")),
         )
     except KeyError as err:
         raise TypeError(f"event {index} has no field {err}; needs {', '.join(_FIELDS)}") from None
