@@ -56,6 +56,12 @@ class Trace:
             f"makespan={self.makespan:.4g} s, peak_memory={self.peak_memory}{units})"
         )
 
+    def _repr_html_(self) -> str:
+        """A notebook shows what each rank ran, kinds coloured, under the numbers."""
+        from zbkit.viz._html import trace_html  # lazily: nothing here imports viz
+
+        return trace_html(self)
+
     @classmethod
     def merge(cls, traces: Iterable[Trace | None]) -> Trace:
         """One trace from the per-rank traces (``launch`` returns them in rank order).

@@ -72,6 +72,12 @@ class Simulation:
             f"bubble_rate={self.bubble_rate:.4f}, peak_memory={_fmt(self.peak_memory)})"
         )
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the grid, kinds coloured, under the numbers (`viz._html`)."""
+        from zbkit.viz._html import simulation_html  # lazily: nothing here imports viz
+
+        return simulation_html(self)
+
 
 def _fmt(values: Sequence[float]) -> str:
     return "[" + ", ".join(f"{v:.4g}" for v in values) + "]"
