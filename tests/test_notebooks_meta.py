@@ -118,3 +118,24 @@ def test_sanitize_file_patterns_compile_and_cover_what_varies() -> None:
     }
     for what, text in samples.items():
         assert any(p.search(text) for p in patterns.values()), f"nothing sanitizes {what}"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_learner_cells_carry_no_nbval_comments(name: str) -> None:
+    # nbval reads cell tags (nbval-ignore-output, nbval-skip, raises-exception); a
+    # `# NBVAL_...` line would be test plumbing in the middle of the lesson
+    for i, cell in enumerate(_code(_load(name))):
+        marks = [line for line in _source(cell).splitlines() if "NBVAL_" in line.upper()]
+        assert not marks, f"{name}, code cell {i}: {marks[0]!r}; use the cell tag instead"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_stored_widget_outputs_say_to_run_the_cell(name: str) -> None:
+    # before the kernel runs, JupyterLab shows the bundle's other entries: one line, not the
+    # widget's repr of every child
+    for i, cell in enumerate(_code(_load(name))):
+        for out in cell["outputs"]:
+            data = out.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" in data:
+                text = "".join(data["text/plain"])
+                assert "run this cell" in text and "\n" not in text, f"{name}, code cell {i}"

@@ -274,3 +274,23 @@ def test_box_labels_never_run_together(name, width):
         extents.sort(key=lambda b: b.x0)
         for left, right in zip(extents, extents[1:], strict=False):
             assert left.x1 < right.x0, (name, width)  # a gap between neighbouring labels
+
+
+def test_before_the_kernel_runs_a_widget_shows_one_line_and_a_picture():
+    from zbkit.widgets import SplitBackwardStepper
+
+    e = ScheduleExplorer("zb-h1", pp=4, microbatches=8)
+    bundle = e._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # live: the widget
+    assert bundle["text/plain"] == (
+        "ScheduleExplorer (zb-h1, pp=4, m=8): run this cell to get the live widget"
+    )
+    assert bundle["image/png"].startswith(b"\x89PNG")  # offline or untrusted: the picture
+    _, analysis = _mlp_analysis()
+    g = ParamGroupExplorer(analysis)._repr_mimebundle_()
+    assert (
+        g["text/plain"]
+        == "ParamGroupExplorer (2 parameter groups): run this cell to get the live widget"
+    )
+    s = SplitBackwardStepper(nn.Linear(2, 2), torch.randn(3, 2))._repr_mimebundle_()
+    assert "\n" not in s["text/plain"] and "run this cell" in s["text/plain"]

@@ -30,3 +30,33 @@ def table_html(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
         for row in rows
     )
     return f"<table class='zb-table'><tr>{head}</tr>{body}</table>"
+
+
+class Offline:
+    """Mixin for the widgets: what a notebook shows before its kernel runs.
+
+    A stored widget output is a model id that means nothing until the kernel has run the cell
+    (and an untrusted notebook never renders it), so JupyterLab falls back to the other
+    entries of the bundle: one line saying what the widget is and to run the cell, and, for
+    widgets that draw with matplotlib, the last picture as a PNG. Mixed in before the
+    ipywidgets class: `class ScheduleExplorer(Offline, w.VBox)`.
+    """
+
+    def _offline_what(self) -> str:  # e.g. "zb-h1, pp=4, m=8"
+        return ""
+
+    def _offline_png(self) -> bytes | None:
+        return None
+
+    def __repr__(self) -> str:  # cheap, one line
+        what = self._offline_what()
+        what = f" ({what})" if what else ""
+        return f"{type(self).__name__}{what}: run this cell to get the live widget"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        bundle["text/plain"] = repr(self)
+        png = self._offline_png()
+        if png is not None:
+            bundle["image/png"] = png
+        return bundle

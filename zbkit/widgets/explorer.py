@@ -9,7 +9,7 @@ import ipywidgets as w
 from IPython.display import display
 
 from zbkit.viz.graph import draw_graph, node_shape, output_shapes, shape_text
-from zbkit.widgets._common import table_html
+from zbkit.widgets._common import Offline, table_html
 
 
 def _captured_shapes(node: Any) -> str:
@@ -22,7 +22,7 @@ def _captured_shapes(node: Any) -> str:
     return ", ".join(shape_text(s) for s in shapes) + " (expected)" if shapes else "?"
 
 
-class ParamGroupExplorer(w.VBox):
+class ParamGroupExplorer(Offline, w.VBox):
     """A dropdown of the analysis' groups; the graph highlights the chosen one.
 
     Lists the group's parameters (with shapes), its intermediates (where I stops and W starts)
@@ -50,6 +50,9 @@ class ParamGroupExplorer(w.VBox):
         super().__init__([self.dropdown, self.details, self.out])
         self.add_class("zb-group-explorer")
         self._show(-1)
+
+    def _offline_what(self) -> str:
+        return f"{len(self.analysis.groups)} parameter groups"
 
     def select(self, index: int) -> None:
         """Show group `index` (-1: all groups)."""

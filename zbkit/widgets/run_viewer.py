@@ -8,7 +8,7 @@ import ipywidgets as w
 
 from zbkit.schedules.events import rank_spans
 from zbkit.viz import plot_schedule, timeline
-from zbkit.widgets._common import table_html
+from zbkit.widgets._common import Offline, table_html
 
 _DPI, _WIDTH_IN = 100, 10.0  # drawn at the size it is shown, as ScheduleExplorer
 
@@ -20,7 +20,7 @@ def _idle(span: float, busy: float) -> float:
     return 0.0 if abs(idle) <= 1e-9 * max(span, 1.0) else idle
 
 
-class RunViewer(w.VBox):
+class RunViewer(Offline, w.VBox):
     """Show `trace` (runner.trace, or a list of events), with `simulation` aligned under it.
 
     A rank selector picks one rank or all; with a simulation, a toggle switches between two
@@ -54,6 +54,12 @@ class RunViewer(w.VBox):
         super().__init__([w.HBox([self.rank, self.compare]), self.out, self.image, self.numbers])
         self.add_class("zb-run-viewer")
         self.redraw()
+
+    def _offline_what(self) -> str:
+        return f"{len(self.run.events)} actions on {self.run.num_ranks} ranks"
+
+    def _offline_png(self) -> bytes | None:
+        return self.figure.to_png(dpi=_DPI) if self.figure is not None else None
 
     def show(self, rank: int) -> None:
         """Show one rank (or -1 for all)."""

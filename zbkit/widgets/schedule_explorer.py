@@ -22,7 +22,7 @@ from zbkit.schedules import SCHEDULES, Costs, simulate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.viz import plot_schedule
-from zbkit.widgets._common import table_html
+from zbkit.widgets._common import Offline, table_html
 
 _DPI = 100  # drawn at the size it is shown (no stretching, so no blur)
 _CONTROL_WIDTH, _LABEL_WIDTH = "400px", "130px"  # a slider's track: about 220 px
@@ -33,7 +33,7 @@ def _fmt(values: list[float]) -> str:
     return ", ".join(f"{v:.3g}" for v in values)
 
 
-class ScheduleExplorer(w.VBox):
+class ScheduleExplorer(Offline, w.VBox):
     """Schedule, pp, m, F / I / W / comm costs, a memory limit (and zb-auto's placement)
     -> plot and numbers.
 
@@ -103,6 +103,13 @@ class ScheduleExplorer(w.VBox):
         super().__init__([w.HBox([left, right]), self.out, self.numbers, self.image])
         self.add_class("zb-schedule-explorer")
         self.redraw()
+
+    def _offline_what(self) -> str:
+        c = self.controls
+        return f"{c['schedule'].value}, pp={c['pp'].value}, m={c['m'].value}"
+
+    def _offline_png(self) -> bytes | None:
+        return self.figure.to_png(dpi=_DPI) if self.figure is not None else None
 
     def costs(self) -> Costs:
         c = self.controls

@@ -16,7 +16,7 @@ from IPython.display import display
 
 from zbkit.splitgrad import analyze, stage_backward_input, stage_backward_weight
 from zbkit.viz import draw_graph
-from zbkit.widgets._common import as_tensors, table_html
+from zbkit.widgets._common import Offline, as_tensors, table_html
 
 _PHASES = ("F", "I", "W")
 _BUTTON_TEXT = {"F": "F: forward", "I": "I: input grad", "W": "W: weight grad", "reset": "reset"}
@@ -27,7 +27,7 @@ def _norm(t: torch.Tensor | None) -> str:
     return "-" if t is None else f"{t.norm().item():.4g}"
 
 
-class SplitBackwardStepper(w.VBox):
+class SplitBackwardStepper(Offline, w.VBox):
     """Buttons F -> I -> W (and reset) on `module(*inputs)`; graph and `.grad` table update.
 
     A non-scalar output gets gradient ones (as if its sum were the loss). Attributes for code:
@@ -71,6 +71,9 @@ class SplitBackwardStepper(w.VBox):
         )
         self.add_class("zb-stepper")
         self._refresh()
+
+    def _offline_what(self) -> str:
+        return f"F, I, W by hand on {type(self.module).__name__}"
 
     # -------------------------------------------------------------- the three passes
     def _forward(self) -> list[torch.Tensor]:
