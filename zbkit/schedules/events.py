@@ -103,8 +103,9 @@ def memory_steps(
     n = max(ranks, num_ranks or 0)
     changes: list[list[tuple[float, float]]] = [[] for _ in range(n)]
     first = [float("inf")] * n
-    for (rank, _, _, _, start, end, *_), delta in zip(events, deltas, strict=True):
-        changes[rank].append((start if delta > 0 else end, delta))
+    for e, delta in zip(events, deltas, strict=True):
+        rank, start = e[0], e[4]  # by index: Event's fields, or a 6-tuple
+        changes[rank].append((start if delta > 0 else e[5], delta))
         if start < first[rank]:
             first[rank] = start
     out = []
