@@ -197,3 +197,32 @@ def test_zb_v_boxes_show_their_chunk():
     # one stage per rank: plain colours, no chunk legend
     one = plot_schedule(simulate(build_schedule("zb-h1", pp=p, microbatches=8), Costs()))
     assert not any("chunk" in t.get_text() for t in one.axes[0].get_legend().get_texts())
+
+
+def test_an_overlapped_pair_is_one_box_around_its_two_halves():
+    """Issue 13: DualPipeV's OVERLAP_F_B pairs drawn as one action: an outline around the two
+    halves (each still coloured by its kind), named in the legend."""
+    from zbkit.schedules import Costs, Overlap, build_schedule, simulate
+
+    schedule = build_schedule("dualpipev", pp=2, microbatches=4)
+    sim = simulate(schedule, Costs(F=1, I=1, W=1, overlap=0.5))
+    fig = plot_schedule(sim)
+    ax = fig.axes[0]
+    outlines = next(c for c in ax.collections if c.get_gid() == "pairs")
+    pairs = sum(isinstance(item, Overlap) for row in schedule.program.values() for item in row)
+    assert len(outlines.get_paths()) == pairs > 0
+    # each outline spans exactly its pair's two halves, as simulated
+    spans = sorted(
+        (round(p.vertices[:, 0].min(), 9), round(p.vertices[:, 0].max(), 9))
+        for p in outlines.get_paths()
+    )
+    halves = [e for e in sim.events if e.paired]
+    want = sorted(
+        (round(f.start, 9), round(b.end, 9)) for f, b in zip(halves[::2], halves[1::2], strict=True)
+    )
+    assert spans == want
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "overlapped F+B pair" in labels
+    # a schedule without pairs has no outline and no legend entry
+    plain = plot_schedule(simulate(build_schedule("zb-v", pp=2, microbatches=4), Costs()))
+    assert all(c.get_gid() != "pairs" for c in plain.axes[0].collections)

@@ -92,6 +92,11 @@ class Schedule:
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython: show the grid
         printer.text(repr(self) + "\n" + self.to_grid())
 
+    def _repr_html_(self) -> str:  # a notebook: the grid as a table, kinds coloured
+        from zbkit.viz._html import schedule_html
+
+        return schedule_html(self)
+
     @classmethod
     def from_program(
         cls,

@@ -74,3 +74,16 @@ def box_text(e: Event, room: float, chunked: bool) -> str:
             return text
     last = str(e.microbatch)
     return last if room >= len(last) + 1 else ""
+
+
+def pair_spans(events: Iterable[Event]) -> list[Gap]:
+    """(start, end) of each overlapped pair (torch's OVERLAP_F_B): its two halves are
+    consecutive paired events of one rank, drawn as one box around both."""
+    spans, half = [], None
+    for e in sorted((e for e in events if e.paired), key=lambda e: (e.rank, e.start)):
+        if half is not None and half.rank == e.rank:
+            spans.append((half.start, e.end))
+            half = None
+        else:
+            half = e
+    return spans

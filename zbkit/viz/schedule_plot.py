@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from zbkit.schedules import KINDS
 from zbkit.viz._colors import COMM_COLOR, EDGE_COLOR, IDLE_COLOR, kind_color
 from zbkit.viz._figure import DPI, ZbFigure, check_ranks
-from zbkit.viz._gantt import box_text, chunks, idle_gaps, shade, text_color
+from zbkit.viz._gantt import box_text, chunks, idle_gaps, pair_spans, shade, text_color
 from zbkit.viz.memory_plot import plot_memory  # noqa: F401 - its old home, still importable
 from zbkit.viz.timeline import Timeline, timeline
 
@@ -114,6 +114,7 @@ def plot_schedule(
     idle: list[list[tuple]] = []
     edges: list[list[tuple]] = []
     waits: list[list[tuple]] = []
+    pairs: list[list[tuple]] = []
     for y, (_, rank, t, overlay) in enumerate(rows):
         inside, outside = idle_gaps(t.events, rank, span)
         idle += _rects(inside, y, 0.45)
@@ -125,6 +126,7 @@ def plot_schedule(
                     waits.append([(a, y + 0.39), (b, y + 0.39), (b, y + 0.45), (a, y + 0.45)])
         events = [e for e in t.events if e.rank == rank]
         verts += _rects([(e.start, e.end) for e in events], y, 0.38)
+        pairs += _rects(pair_spans(events), y, 0.38)
         fills = [shade(kind_color(e.kind), chunk_of[rank, e.stage], num_chunks) for e in events]
         colors += fills
         if overlay is not None:
@@ -156,6 +158,12 @@ def plot_schedule(
     if waits:
         ax.add_collection(
             PolyCollection(waits, facecolors=COMM_COLOR, edgecolors="none", gid="comm")
+        )
+    if pairs:  # an overlapped pair is one action: one box around its two halves
+        ax.add_collection(
+            PolyCollection(
+                pairs, facecolors="none", edgecolors="#222222", linewidths=1.6, gid="pairs"
+            )
         )
     if outline_verts:
         ax.add_collection(
@@ -191,6 +199,10 @@ def plot_schedule(
     )
     if waits:
         handles.append(Patch(facecolor=COMM_COLOR, label="waiting on a receive"))
+    if pairs:
+        handles.append(
+            Patch(facecolor="none", edgecolor="#222222", lw=1.6, label="overlapped F+B pair")
+        )
     if ref is not None and compare == "overlay":
         handles.append(
             Patch(facecolor="none", edgecolor="#111111", ls="--", lw=1.4, label="simulated")
