@@ -94,7 +94,7 @@ def _start_lab(root: Path, port: int) -> subprocess.Popen:
     ]  # fmt: skip
     log = open(root / "jupyter.log", "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a loaded machine: JupyterLab's server starts slowly
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"jupyter lab exited: {(root / 'jupyter.log').read_text()[-2000:]}")
@@ -104,7 +104,7 @@ def _start_lab(root: Path, port: int) -> subprocess.Popen:
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise TimeoutError(f"jupyter lab did not answer in 60 s: {(root / 'jupyter.log').read_text()}")
+    raise TimeoutError(f"jupyter lab did not answer in 120 s: {(root / 'jupyter.log').read_text()}")
 
 
 # JavaScript run in the page: the notebook panel, its kernel, its cells.
@@ -154,12 +154,36 @@ def test_every_drawing_and_widget_renders_and_responds(tmp_path):
     print(f"\nscreenshots in {SHOTS}")
 
 
+# Bounds that hold on a loaded 2-core machine (issue 15: the first page load once took over
+# 30 s there): JupyterLab's first load and a run-all of the notebook get minutes, each step
+# of the widgets a minute; a bound that is exceeded says which step it was.
+_LOAD_MS, _RUN_MS, _STEP_MS = 180_000, 240_000, 60_000
+
+
+def _within(what: str, ms: int, wait) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        wait()
+    except PlaywrightTimeout as err:
+        raise AssertionError(f"{what} took over {ms / 1000:.0f} s (a loaded machine?)") from err
+
+
 def _drive(page, port: int) -> None:
-    page.set_default_timeout(30_000)
-    page.goto(f"http://127.0.0.1:{port}/lab/tree/nb.ipynb?token={TOKEN}")
-    page.wait_for_function(_JS_READY, timeout=60_000)
+    page.set_default_timeout(_STEP_MS)
+    url = f"http://127.0.0.1:{port}/lab/tree/nb.ipynb?token={TOKEN}"
+    _within("JupyterLab's first page load", _LOAD_MS, lambda: page.goto(url, timeout=_LOAD_MS))
+    _within(
+        "the notebook's kernel start",
+        _LOAD_MS,
+        lambda: page.wait_for_function(_JS_READY, timeout=_LOAD_MS),
+    )
     page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
-    page.wait_for_function(_JS_DONE, timeout=60_000, polling=500)
+    _within(
+        "running every cell",
+        _RUN_MS,
+        lambda: page.wait_for_function(_JS_DONE, timeout=_RUN_MS, polling=500),
+    )
     for cls in WIDGETS:
         page.locator(f".{cls}").first.wait_for(state="visible")
     page.screenshot(path=str(SHOTS / "01-after-run-all.png"))
