@@ -193,6 +193,23 @@ class Schedule:
         with open(path, newline="") as f:
             return cls.from_csv(f.read(), stage_to_rank, microbatches, name=str(path))
 
+    @classmethod
+    def from_torch(
+        cls,
+        schedule_or_class,
+        *,
+        pp: int | None = None,
+        microbatches: int | None = None,
+        stages_per_rank: int | None = None,
+    ) -> Schedule:
+        """torch.distributed.pipelining's schedule (object, or class with sizes) as a
+        `Schedule`, placed as torch places it (see `zbkit.schedules.from_torch`)."""
+        from zbkit.schedules.from_torch import from_torch  # lazily: it imports torch inside
+
+        return from_torch(
+            schedule_or_class, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank
+        )
+
 
 def _read_cell(cell: str, rank: int, col: int) -> Action | Overlap | TorchOp | None:
     """One CSV cell: None for an idle step (torch's compute-only form leaves it empty)."""

@@ -1,0 +1,245 @@
+"""torch.distributed.pipelining's schedules as zbkit `Schedule`s, and one-call comparisons.
+
+`Schedule.from_torch(obj)` reads a torch schedule object's `pipeline_order` (its compute
+program; torch's lowered `pipeline_order_with_comms` where it has one, whose transfers and
+FSDP actions zbkit keeps as `torch_ops`) and returns the zbkit schedule of the same actions,
+with torch's stage placement. `Schedule.from_torch(ScheduleZBVZeroBubble, pp=4,
+microbatches=8)` builds the torch object first, on stand-in stages (torch's constructors
+only read sizes from a stage), so no process group is needed.
+
+`compare_with_torch("zb-v", pp=4, microbatches=8)` puts torch's schedule next to zbkit's
+builder of the same name: whether each validates (zbkit's message and grid when not), their
+simulated makespan, bubble and peak memory, and the first position per rank where the two
+programs differ.
+
+torch is imported inside the functions: `zbkit.schedules` stays torch-free at import.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from zbkit.schedules.builders import build_schedule
+from zbkit.schedules.costs import Costs
+from zbkit.schedules.schedule import Schedule, ScheduleError
+from zbkit.schedules.simulate import Simulation, simulate
+from zbkit.schedules.validate import validate
+
+__all__ = ["TORCH_NAMES", "TorchComparison", "compare_with_torch", "from_torch"]
+
+# torch class -> the name of zbkit's builder of the same schedule
+TORCH_NAMES = {
+    "Schedule1F1B": "1f1b",
+    "ScheduleGPipe": "gpipe",
+    "ScheduleInterleaved1F1B": "interleaved-1f1b",
+    "ScheduleInterleavedZeroBubble": "interleaved-zb",
+    "ScheduleZBVZeroBubble": "zb-v",
+    "ScheduleDualPipeV": "dualpipev",
+    "ScheduleLoopedBFS": "looped-bfs",
+}
+_V_PLACED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # stages s and 2p-1-s on rank s
+_SINGLE = ("Schedule1F1B", "ScheduleGPipe")  # one stage per rank
+
+
+def _torch_class_name(cls: type) -> str:
+    """The torch class `cls` is (or derives from) among TORCH_NAMES; else its own name."""
+    for base in cls.__mro__:
+        if base.__name__ in TORCH_NAMES and base.__module__.startswith("torch."):
+            return base.__name__
+    return cls.__name__
+
+
+def _resolve_class(name_or_class: str | type) -> tuple[str, type]:
+    """("zb-v" | "ScheduleZBVZeroBubble" | the class) -> (torch class name, torch class)."""
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    if isinstance(name_or_class, type):
+        return _torch_class_name(name_or_class), name_or_class
+    by_zbkit = {zb: cls for cls, zb in TORCH_NAMES.items()}
+    cls_name = by_zbkit.get(name_or_class, name_or_class)
+    if cls_name not in TORCH_NAMES:
+        known = ", ".join(f"{zb} ({cls})" for cls, zb in TORCH_NAMES.items())
+        raise ValueError(f"no torch schedule named {name_or_class!r}; known: {known}")
+    return cls_name, getattr(torch_schedules, cls_name)
+
+
+def _instantiate(cls: type, cls_name: str, pp: int, microbatches: int, v: int | None) -> Any:
+    """torch's schedule object for these sizes, on stand-in stages (what its constructors read)."""
+    if cls_name in _SINGLE:
+        if v not in (None, 1):
+            raise ValueError(f"{cls_name} runs one stage per rank; got stages_per_rank={v}")
+        stage = SimpleNamespace(num_stages=pp, group_size=pp, group_rank=0, submod=None)
+        return cls(stage, microbatches)
+    if cls_name in _V_PLACED and v not in (None, 2):
+        raise ValueError(f"{cls_name} runs two stages per rank (a V); got stages_per_rank={v}")
+    v = 2 if v is None else v
+    stage = SimpleNamespace(num_stages=v * pp, group_size=pp, group_rank=0, submod=None)
+    return cls([stage] * v, microbatches)
+
+
+def _placement(obj: Any, cls_name: str, pp: int, num_stages: int) -> list[int]:
+    """torch's own map when the object has one (multi-stage schedules), else the class's rule."""
+    mapping = getattr(obj, "stage_index_to_group_rank", None)
+    if mapping and len(mapping) == num_stages:
+        return [int(mapping[s]) for s in range(num_stages)]
+    if cls_name in _V_PLACED:
+        return [s if s < pp else 2 * pp - 1 - s for s in range(num_stages)]
+    return [s % pp for s in range(num_stages)]
+
+
+def _rows_text(order: dict[int, list[Any]]) -> str:
+    """torch's rows as its CSV writes them (an idle step, None, as an empty cell)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for rank in sorted(order):
+        writer.writerow(["" if a is None else str(a) for a in order[rank]])
+    return out.getvalue()
+
+
+def from_torch(
+    schedule_or_class: Any,
+    *,
+    pp: int | None = None,
+    microbatches: int | None = None,
+    stages_per_rank: int | None = None,
+) -> Schedule:
+    """torch's schedule (an object, or a class with `pp` and `microbatches`) as a `Schedule`.
+
+    Named after zbkit's builder of the same schedule (`TORCH_NAMES`), placed as torch places
+    it; torch's transfers and FSDP actions kept as `torch_ops`. Not validated: call
+    `validate` (torch 2.13's `Schedule1F1B` draws an order its own validator rejects).
+    """
+    if isinstance(schedule_or_class, type):
+        if pp is None or microbatches is None:
+            raise TypeError(
+                f"from_torch({schedule_or_class.__name__}) needs pp= and microbatches= "
+                "(or pass a schedule object)"
+            )
+        cls_name, cls = _resolve_class(schedule_or_class)
+        obj = _instantiate(cls, cls_name, pp, microbatches, stages_per_rank)
+    else:
+        obj, cls_name = schedule_or_class, _torch_class_name(type(schedule_or_class))
+    order = getattr(obj, "pipeline_order_with_comms", None) or getattr(obj, "pipeline_order", None)
+    if not order:
+        raise ValueError(
+            f"{type(obj).__name__} has no pipeline_order (torch draws none for it): nothing to load"
+        )
+    num_stages = int(obj._num_stages)
+    m = int(obj._n_microbatches)
+    size = len(order)
+    for what, given, have in (("pp", pp, size), ("microbatches", microbatches, m)):
+        if given is not None and given != have:
+            raise ValueError(f"{what}={given}, but the torch schedule has {what}={have}")
+    placement = _placement(obj, cls_name, size, num_stages)
+    name = TORCH_NAMES.get(cls_name, cls_name)
+    return Schedule.from_csv(_rows_text(order), stage_to_rank=placement, microbatches=m, name=name)
+
+
+# ---------------------------------------------------------------------------- comparison
+@dataclass
+class TorchComparison:
+    """torch's schedule beside zbkit's builder of the same name (`compare_with_torch`)."""
+
+    name: str  # zbkit's builder name
+    torch: Schedule
+    zbkit: Schedule
+    torch_error: str | None  # zbkit's validator on torch's program (None: valid)
+    zbkit_error: str | None
+    torch_sim: Simulation | None  # None where the program does not validate
+    zbkit_sim: Simulation | None
+    # rank -> (position, torch's item, zbkit's item) at the first difference ("-": none)
+    differences: dict[int, tuple[int, str, str]] = field(default_factory=dict)
+
+    @property
+    def equal(self) -> bool:
+        """Whether the two compute programs are equal, action for action, on every rank."""
+        return not self.differences and self.torch.stage_to_rank == self.zbkit.stage_to_rank
+
+    def __repr__(self) -> str:
+        return (
+            f"TorchComparison({self.name!r}, pp={self.torch.pp}, "
+            f"m={self.torch.microbatches}, equal={self.equal}, "
+            f"torch_valid={self.torch_error is None}, zbkit_valid={self.zbkit_error is None})"
+        )
+
+    def __str__(self) -> str:
+        lines = [f"{self.name}: torch's schedule vs zbkit's, pp={self.torch.pp}, "
+                 f"m={self.torch.microbatches}"]  # fmt: skip
+        lines.append(f"{'':14}{'torch':>12}{'zbkit':>12}")
+        lines.append(f"{'valid':14}{_yes(self.torch_error):>12}{_yes(self.zbkit_error):>12}")
+        for label, get in (
+            ("makespan", lambda s: f"{s.makespan:.4g}"),
+            ("bubble rate", lambda s: f"{s.bubble_rate:.4f}"),
+            ("peak memory", lambda s: f"{max(s.peak_memory):.4g}"),
+        ):
+            cells = [get(s) if s is not None else "-" for s in (self.torch_sim, self.zbkit_sim)]
+            lines.append(f"{label:14}{cells[0]:>12}{cells[1]:>12}")
+        if self.torch.stage_to_rank != self.zbkit.stage_to_rank:
+            lines.append(f"placement differs: torch {self.torch.stage_to_rank}, "
+                         f"zbkit {self.zbkit.stage_to_rank}")  # fmt: skip
+        if self.equal:
+            lines.append("programs: equal, action for action")
+        for rank, (pos, theirs, ours) in sorted(self.differences.items()):
+            lines.append(f"rank {rank} differs first at position {pos}: torch {theirs}, "
+                         f"zbkit {ours}")  # fmt: skip
+        for who, err in (("torch", self.torch_error), ("zbkit", self.zbkit_error)):
+            if err is not None:
+                lines += ["", f"{who}'s program does not validate:", err]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython: the table
+        printer.text(str(self))
+
+
+def _yes(error: str | None) -> str:
+    return "yes" if error is None else "NO"
+
+
+def _first_differences(a: Schedule, b: Schedule) -> dict[int, tuple[int, str, str]]:
+    out = {}
+    for rank in sorted(set(a.program) | set(b.program)):
+        mine, theirs = a.program.get(rank, []), b.program.get(rank, [])
+        for pos in range(max(len(mine), len(theirs))):
+            x = mine[pos] if pos < len(mine) else None
+            y = theirs[pos] if pos < len(theirs) else None
+            if x != y:
+                out[rank] = (pos, "-" if x is None else str(x), "-" if y is None else str(y))
+                break
+    return out
+
+
+def _check(schedule: Schedule, costs: Costs | Sequence[Costs]) -> tuple[str | None, Any]:
+    try:
+        validate(schedule)
+    except ScheduleError as err:
+        return str(err), None
+    return None, simulate(schedule, costs, check=False)
+
+
+def compare_with_torch(
+    name_or_class: str | type,
+    *,
+    pp: int,
+    microbatches: int,
+    costs: Costs | Sequence[Costs] | None = None,
+    stages_per_rank: int | None = None,
+) -> TorchComparison:
+    """torch's schedule (a zbkit name like "zb-v", a torch class or its name) next to
+    zbkit's builder of the same schedule: validity, simulated numbers, first differences."""
+    cls_name, cls = _resolve_class(name_or_class)
+    theirs = from_torch(cls, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank)
+    name = TORCH_NAMES[cls_name]
+    options = {} if stages_per_rank is None else {"stages_per_rank": stages_per_rank}
+    ours = build_schedule(name, pp=pp, microbatches=microbatches, **options)
+    costs = Costs() if costs is None else costs
+    torch_error, torch_sim = _check(theirs, costs)
+    zbkit_error, zbkit_sim = _check(ours, costs)
+    return TorchComparison(
+        name, theirs, ours, torch_error, zbkit_error, torch_sim, zbkit_sim,
+        _first_differences(theirs, ours),
+    )  # fmt: skip
