@@ -32,7 +32,25 @@ from zbkit.schedules import Action, Overlap, Product
 _profiling = getattr(torch.autograd, "_profiler_enabled", lambda: True)
 
 Key = tuple[Product, int, int]  # (ACT | GRAD, consuming stage, microbatch), as Comm.key
-LossFn = Callable[[dict[str, torch.Tensor], Any], torch.Tensor]
+# loss_fn(outputs, target): outputs in the last module's form (dict, Tensor or tuple)
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def one_target(targets: Any, target: Any) -> Any:
+    """``step(targets=...)`` or torch's spelling ``step(target=...)``; not both."""
+    if targets is not None and target is not None:
+        raise TypeError(
+            "step() got both targets= and target= (torch's name for the same thing); pass one"
+        )
+    return target if targets is None else targets
+
+
+def fill_losses(losses: list | None, got: list[torch.Tensor] | None) -> None:
+    """torch's ``step(..., losses=[])``: the list is cleared and filled with the microbatch
+    losses on the last stage's rank (left as it is elsewhere)."""
+    if losses is not None and got is not None:
+        losses.clear()
+        losses.extend(got)
 
 
 def handover(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -146,7 +164,17 @@ class StepState:
         outputs = stage.forward(j, inputs)
         if stage.is_last:
             target = None if self.targets is None else self.targets[j]
-            loss = self.loss_fn(outputs, target)
+            # the module's own form: a torch-style loss_fn(output, target) gets its Tensor
+            output = stage.module_output(outputs)
+            try:
+                loss = self.loss_fn(output, target)
+            except Exception as exc:  # re-raised naming what loss_fn got; the cause keeps its trace
+                raise StageError(
+                    f"{a}: stage {stage.stage_index} microbatch {j}: loss_fn raised "
+                    f"{type(exc).__name__}: {exc}. It was given {_form(output)}: the last stage "
+                    "module's output as the module returns it (dict[str, Tensor], a Tensor or "
+                    "a tuple of Tensors)"
+                ) from exc
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise StageError(f"{a}: loss_fn must return a scalar tensor, got {loss!r}")
             self.losses[j] = loss.detach()
@@ -191,6 +219,14 @@ class StepState:
         if self.last not in self.stages:
             return None
         return [self.losses[j] for j in range(self.microbatches)]
+
+
+def _form(output: Any) -> str:
+    if isinstance(output, Mapping):
+        return f"a dict with keys {sorted(output)}"
+    if isinstance(output, tuple):
+        return f"a tuple of {len(output)}"
+    return f"a {type(output).__name__}"
 
 
 def timer() -> Callable[[], float]:

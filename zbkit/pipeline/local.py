@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from zbkit.pipeline._batch import split_batch
-from zbkit.pipeline._execute import LossFn, StepState, timer
+from zbkit.pipeline._execute import LossFn, StepState, fill_losses, one_target, timer
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Trace
 from zbkit.schedules import Schedule, ScheduleError, validate
@@ -59,12 +59,21 @@ class LocalPipeline:
     def parameters(self) -> list[nn.Parameter]:
         return [p for st in self.stages for p in st.module.parameters()]
 
-    def step(self, inputs: Any, targets: Any = None) -> list[torch.Tensor]:
+    def step(
+        self,
+        inputs: Any,
+        targets: Any = None,
+        *,
+        target: Any = None,
+        losses: list | None = None,
+    ) -> list[torch.Tensor]:
         """One training step's forward and backward; returns the per-microbatch losses.
 
         Gradients are accumulated into ``.grad``; with ``scale_grads`` they equal those of
-        the mean microbatch loss (one full-batch step).
+        the mean microbatch loss (one full-batch step). As in torch's ``schedule.step``,
+        ``target=`` may name the targets and a ``losses`` list is filled with the losses.
         """
+        targets = one_target(targets, target)
         m = self.schedule.microbatches
         inputs, targets = split_batch(m, inputs, targets)
         if inputs is None:
@@ -81,14 +90,15 @@ class LocalPipeline:
         )
         try:
             self._interleave(state)
-            losses = state.finish()
+            got = state.finish()
         except BaseException:
             for st in self.stages:
                 st.reset()  # a failed step leaves no graph behind
             raise
         self.trace = state.trace
-        assert losses is not None  # the last stage is here
-        return losses
+        assert got is not None  # the last stage is here
+        fill_losses(losses, got)
+        return got
 
     def _interleave(self, state: StepState) -> None:
         program = self.schedule.program

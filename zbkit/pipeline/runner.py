@@ -26,7 +26,7 @@ import torch.distributed as dist
 from zbkit.parallel import average_gradients
 from zbkit.pipeline._batch import split_batch
 from zbkit.pipeline._comms import P2P, CommTimeout
-from zbkit.pipeline._execute import LossFn, StepState
+from zbkit.pipeline._execute import LossFn, StepState, fill_losses, one_target
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Comm, CommOp, Schedule, derive_plan, validate
@@ -112,14 +112,25 @@ class ScheduleRunner:
             f"{self.schedule!r}, backend={self.backend!r})"
         )
 
-    def step(self, inputs: Any = None, targets: Any = None) -> list[torch.Tensor] | None:
+    def step(
+        self,
+        inputs: Any = None,
+        targets: Any = None,
+        *,
+        target: Any = None,
+        losses: list | None = None,
+    ) -> list[torch.Tensor] | None:
         """One training step; the per-microbatch losses on the last stage's rank, else None.
 
         ``inputs`` (a tensor or a dict of tensors) matter on stage 0's rank and ``targets``
         on the last stage's; both are split on dim 0 into ``schedule.microbatches`` parts.
+        As in torch's ``schedule.step``, ``target=`` may name the targets and a ``losses``
+        list is filled with the losses on the last stage's rank. (torch's step returns the
+        last stage's outputs; zbkit's returns the losses.)
         If a step fails, the stages are cleared, but messages of the broken step may still
         be on the wire: build a new runner on a fresh group before training on.
         """
+        targets = one_target(targets, target)
         m, last = self.schedule.microbatches, self.schedule.num_stages - 1
         if 0 in self.stages and inputs is None:
             raise ValueError(f"rank {self.rank} holds stage 0: pass step(inputs, ...) here")
@@ -171,7 +182,7 @@ class ScheduleRunner:
             self.p2p.finish()  # nothing pending on the wire
             for pending in reductions:
                 pending.wait()
-            losses = state.finish()
+            got = state.finish()
         except BaseException as exc:
             for st in self.stages.values():
                 st.reset()  # drop cached graphs: a failed step leaks nothing
@@ -182,7 +193,8 @@ class ScheduleRunner:
                 exc.add_note(f"where rank {self.rank} was:\n{self.schedule.to_grid([mark])}")
             raise
         self.trace = state.trace
-        return losses
+        fill_losses(losses, got)
+        return got
 
     def forget_shapes(self) -> None:
         """The next step agrees tensor shapes afresh, e.g. for another batch size.

@@ -52,10 +52,14 @@ class StageError(RuntimeError):
 
 
 class PipelineStage:
-    """Wraps ``module`` as stage ``stage_index`` of ``num_stages``.
+    """Wraps ``module`` as stage ``stage_index`` of ``num_stages`` (on ``device``, if given).
 
-    ``module(**inputs)`` must return ``dict[str, Tensor]``. Outputs that require grad get a
-    gradient back from the next stage; the others (token ids, masks) are passed along as data.
+    ``module(**inputs)`` returns ``dict[str, Tensor]`` (zbkit's form: outputs by name), or, as
+    torch.distributed.pipelining's stages do, a ``Tensor`` or a tuple of them. Those travel as
+    ``{"0": t0, "1": t1, ...}`` and a module whose inputs all have such keys is called
+    positionally, ``module(t0, t1, ...)``; the loss sees the module's own form
+    (``module_output``). Outputs that require grad get a gradient back from the next stage;
+    the others (token ids, masks) are passed along as data.
 
     Stage 0 has no input gradient to send, so by default its I only records the microbatch and
     the whole backward runs at its W. ``split_first_stage=True`` instead makes stage 0's
@@ -69,13 +73,19 @@ class PipelineStage:
         module: nn.Module,
         stage_index: int,
         num_stages: int,
+        device: torch.device | str | None = None,
         *,
         split_first_stage: bool = False,
+        **torch_only: Any,
     ) -> None:
+        if torch_only:
+            _refuse_torch_only(stage_index, torch_only)
         if not isinstance(module, nn.Module):
             raise TypeError(f"stage {stage_index}: expected an nn.Module, got {type(module)!r}")
         if not 0 <= stage_index < num_stages:
             raise ValueError(f"stage_index {stage_index} is outside 0..{num_stages - 1}")
+        if device is not None:  # torch's 4th argument: here the module is moved there
+            module.to(device)
         self.module = module
         self.stage_index = stage_index
         self.num_stages = num_stages
@@ -83,6 +93,7 @@ class PipelineStage:
         self._activations: dict[int, _Activation] = {}
         self._pending_weight: dict[int, _PendingWeight] = {}
         self._saved_bytes: dict[tuple, int] = {}  # input signature -> bytes one F saves
+        self._returns: type | int = dict  # the module's output: dict, Tensor or a tuple's length
 
     # ------------------------------------------------------------------ properties
     @property
@@ -137,7 +148,7 @@ class PipelineStage:
         if isinstance(inputs, torch.Tensor):
             args, inputs = (inputs,), {"input": inputs}
         elif isinstance(inputs, Mapping):
-            args = ()
+            args = _positional(inputs)  # a Tensor / tuple the previous stage returned
         else:
             raise StageError(
                 f"{self._name(microbatch)}: inputs must be a tensor or a dict of tensors, got "
@@ -156,16 +167,19 @@ class PipelineStage:
                 f"{self._name(microbatch)}: the module's forward raised "
                 f"{type(exc).__name__}: {exc} (inputs: {_describe(inputs)})"
             ) from exc
-        if not isinstance(out, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor | None) for k, v in out.items()
-        ):
-            raise StageError(
-                f"{self._name(microbatch)}: a stage module must return dict[str, Tensor], got "
-                f"{type(out).__name__}; wrap it, e.g. `return {{'hidden': h}}`"
-            )
+        out, self._returns = _as_dict(out, self._name(microbatch))
         outputs = {k: v for k, v in out.items() if v is not None}
         self._activations[microbatch] = _Activation(dict(inputs), outputs, nbytes=nbytes)
         return outputs
+
+    def module_output(self, outputs: Tensors) -> Any:
+        """``outputs`` (what ``forward`` returned) in the module's own form: the dict, the
+        Tensor or the tuple, as a torch-style ``loss_fn(output, target)`` expects it."""
+        if self._returns is dict:
+            return outputs
+        if self._returns is torch.Tensor:
+            return outputs["0"]
+        return tuple(outputs.get(str(i)) for i in range(self._returns))
 
     def set_loss(self, microbatch: int, loss: torch.Tensor) -> None:
         """Last stage: the backward of ``microbatch`` starts from this scalar."""
@@ -277,6 +291,67 @@ class PipelineStage:
             roots.append(out)
             root_grads.append(g)
         return roots, root_grads
+
+
+def _as_dict(out: Any, where: str) -> tuple[Mapping[str, Any], type | int]:
+    """A module's output as a dict, and its form (for ``module_output``).
+
+    torch's forms get positional keys: a Tensor ``{"0": t}``, a tuple ``{"0": t0, "1": t1}``.
+    Digits are no Python argument name, so these keys never clash with a dict module's.
+    """
+    if isinstance(out, torch.Tensor):
+        return {"0": out}, torch.Tensor
+    if isinstance(out, tuple | list) and all(isinstance(v, torch.Tensor | None) for v in out):
+        return {str(i): v for i, v in enumerate(out)}, len(out)
+    if isinstance(out, Mapping) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor | None) for k, v in out.items()
+    ):
+        return out, dict
+    raise StageError(
+        f"{where}: a stage module must return a Tensor, a tuple of Tensors (torch's forms) or "
+        f"dict[str, Tensor] (zbkit's: outputs by name), got {_kind(out)}"
+    )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, tuple | list | Mapping):
+        items = value.values() if isinstance(value, Mapping) else value
+        inner = sorted({type(v).__name__ for v in items})
+        return f"{type(value).__name__} of {', '.join(inner) or 'nothing'}"
+    return type(value).__name__
+
+
+def _positional(inputs: Mapping[str, Any]) -> tuple:
+    """The positional arguments a Tensor- or tuple-returning previous stage handed over."""
+    if inputs and all(k == str(i) for i, k in enumerate(inputs)):
+        return tuple(inputs.values())
+    return ()
+
+
+# torch's PipelineStage keywords that zbkit does without, and why (said in the error)
+_TORCH_ONLY = {
+    "input_args": "zbkit agrees names, shapes and dtypes on the first step, so it needs no "
+    "example inputs or outputs",
+    "output_args": "zbkit agrees names, shapes and dtypes on the first step, so it needs no "
+    "example inputs or outputs",
+    "input_grads": "zbkit agrees gradient shapes with the tensors they belong to",
+    "output_grads": "zbkit agrees gradient shapes with the tensors they belong to",
+    "group": "the process group belongs to the runner: ScheduleRunner(..., group=...)",
+    "dw_builder": "zbkit splits every stage's backward itself (zbkit.splitgrad)",
+    "get_mesh": "zbkit's stages move plain tensors, not DTensors",
+}
+
+
+def _refuse_torch_only(stage_index: int, given: Mapping[str, Any]) -> None:
+    for name in given:
+        if name not in _TORCH_ONLY:
+            raise TypeError(f"PipelineStage() got an unexpected keyword argument {name!r}")
+    reasons = "; ".join(f"{n}: {_TORCH_ONLY[n]}" for n in given)
+    raise TypeError(
+        f"stage {stage_index}: PipelineStage({', '.join(f'{n}=...' for n in given)}) is torch's "
+        f"PipelineStage; zbkit's takes (module, stage_index, num_stages, device) and differs "
+        f"on purpose: {reasons}"
+    )
 
 
 def _as_leaves(inputs: Mapping[str, torch.Tensor] | torch.Tensor) -> Any:

@@ -19,8 +19,9 @@ After I then W every `.grad` equals what one `torch.autograd.backward` gives.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.autograd.graph import Node, get_gradient_edge
@@ -44,6 +45,17 @@ class BackwardInputResult:
     def param_groups(self) -> PendingWeight:
         """The same PendingWeight, by its first name: a sequence of the ParamGroups."""
         return self.pending_weight
+
+    # Unpacks like torch's (grads_input, param_groups) tuple: `grads, groups = result`; the
+    # second hands to stage_backward_weight(weights, groups) as torch's does.
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.input_grads, self.pending_weight))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.input_grads, self.pending_weight)[index]
 
 
 def check_tensors(name: str, values: Sequence) -> list[torch.Tensor]:
