@@ -9,7 +9,7 @@ into what W needs (`mem_weight`), W frees that, B frees the activation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zbkit.schedules import _engine
 from zbkit.schedules.action import KINDS, PARTS, Action, Overlap
@@ -37,10 +37,19 @@ class Simulation:
     makespan: float  # last end - first start, over all ranks
     bubble_rate: float  # (cost - m*v*(F+I+W)) / cost, cost = the longest rank span
     peak_memory: list[float]  # per rank
-    memory: list[list[tuple[float, float]]]  # per rank: (time, held memory) steps
     busy: list[float]  # per rank: time spent computing
     span: list[float]  # per rank: first start to last end
     idle: list[float]  # per rank: span - busy (the bubbles)
+    deltas: list[float] = field(default_factory=list, repr=False)  # each event's memory change
+    _memory: list | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def memory(self) -> list[list[tuple[float, float]]]:
+        """Per rank: (time, held memory) steps (`memory_steps`), made when first asked: a
+        slider needs only the peaks, which come from one pass (the same running maximum)."""
+        if self._memory is None:
+            self._memory = memory_steps(self.events, self.deltas, self.schedule.pp)
+        return self._memory
 
     @property
     def comm(self) -> list[CommEvent]:
@@ -140,7 +149,15 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         starts.append(spans[0][0] if spans else 0.0)
         ends.append(spans[-1][1] if spans else 0.0)
         busy.append(sum(end - start for start, end in spans))
-    memory = memory_steps(events, memory_deltas(events, per_stage_costs), schedule.pp)
+    deltas = memory_deltas(events, per_stage_costs)
+    # a rank runs one action at a time in program order: its peak is the running maximum of
+    # its changes in that order (what memory_steps' levels reach, without sorting them)
+    held, peak = [0.0] * schedule.pp, [0.0] * schedule.pp
+    for e, delta in zip(events, deltas, strict=True):
+        r = e[0]
+        level = held[r] = held[r] + delta
+        if level > peak[r]:
+            peak[r] = level
     span = [e - s for s, e in zip(starts, ends, strict=True)]
     # ideal work of the busiest rank: m * sum over its stages of (F + I + W); with one
     # Costs for all stages this is m * v * (F + I + W)
@@ -157,8 +174,8 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         events=events,
         makespan=max(ends[r] for r in ran) - min(starts[r] for r in ran),
         bubble_rate=(cost - ideal) / cost if cost > 0 else 0.0,
-        peak_memory=[max((h for _, h in steps), default=0.0) for steps in memory],
-        memory=memory,
+        peak_memory=peak,
+        deltas=deltas,
         busy=busy,
         span=span,
         idle=[s - b for s, b in zip(span, busy, strict=True)],
