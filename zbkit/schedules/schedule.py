@@ -74,7 +74,10 @@ class Schedule:
 
     def actions(self, rank: int) -> list[Action]:
         """`rank`'s actions in order, an overlapped pair's two halves one after the other."""
-        return [h for item in self.program.get(rank, []) for h in item.halves]
+        row = self.program.get(rank, [])
+        if all(type(item) is Action for item in row):  # no pairs: the common, cheap case
+            return list(row)
+        return [h for item in row for h in item.halves]
 
     def __repr__(self) -> str:
         return (
