@@ -7,6 +7,7 @@
 - ``LocalPipeline``: every stage in one process, the same code path without the wire.
 - ``Trace``: what ran when, in ``Simulation.events`` form; Chrome-trace export.
 - ``SyntheticStage``: a stage whose F, I and W take set times, for seeing bubbles.
+- ``trace_torch``: the same ``Trace`` of a torch.distributed.pipelining schedule's run.
 
 In one process (the oracle twin of a real run)::
 
@@ -30,6 +31,7 @@ from zbkit.pipeline.local import LocalPipeline
 from zbkit.pipeline.runner import ScheduleRunner
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.synthetic import SyntheticStage
+from zbkit.pipeline.torch_trace import TorchRecorder, schedule_of_trace, trace_torch
 from zbkit.pipeline.trace import CommEvent, MemorySample, Trace
 from zbkit.schedules.plan import Comm, Plan
 
@@ -44,6 +46,9 @@ __all__ = [
     "ScheduleRunner",
     "StageError",
     "SyntheticStage",
+    "TorchRecorder",
     "Trace",
     "pp_dp_groups",
+    "schedule_of_trace",
+    "trace_torch",
 ]

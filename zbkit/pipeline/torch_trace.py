@@ -1,0 +1,199 @@
+"""Trace a torch.distributed.pipelining run: what each rank really did, as a zbkit `Trace`.
+
+    with trace_torch(torch_schedule) as rec:      # the user's torch code, unchanged
+        torch_schedule.step(x, target=y)
+    trace = rec.gather_trace()                    # every rank's events, one clock (collective)
+    viz.plot_schedule(trace)
+
+How: torch's schedules run every compute action through three methods of its stage
+(`_PipelineStageBase` in torch/distributed/pipelining/stage.py), both the single-stage
+loops (`Schedule1F1B._step_microbatches`, `ScheduleGPipe`'s) and the action runtime
+(`_PipelineScheduleRuntime`, which also runs each half of an OVERLAP_F_B this way):
+
+    forward_one_chunk(mb, ...)                          -> F
+    backward_one_chunk(mb, ..., full_backward=True)     -> B  (False: I, the input half)
+    backward_weight_one_chunk(mb, ...)                  -> W
+
+`trace_torch` wraps these on the schedule's own stage objects (instance attributes, so
+other stages and the class are untouched) and restores them on exit, also on an error.
+Shape inference at the first step uses other methods, so it is not counted as an action.
+Not seen: actions a user registered with `register_custom_function` (torch calls those
+instead of the stage's methods), and the communication waits (the gaps between actions).
+
+Times are wall-clock seconds (`time.time`, one clock for the processes of a host, as
+`ScheduleRunner` records); on a CUDA stage, CUDA events give the actions' GPU times
+(`CudaTimer`, as zbkit's own runner). The memory record counts what torch's stage holds
+after each action: microbatches in its `fwd_cache` (between F and I/B) and its `dw_runner`
+(between I and W), as `Trace.memory_for` expects.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from zbkit.pipeline.trace import MemorySample, Trace
+from zbkit.schedules import Event, Schedule
+from zbkit.schedules.action import Action, Overlap
+
+__all__ = ["TorchRecorder", "schedule_of_trace", "trace_torch"]
+
+# the stage methods torch's schedules call per compute action
+_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+class TorchRecorder:
+    """Records the compute actions a torch schedule runs on this rank (see module doc)."""
+
+    def __init__(self, schedule: Any, clock: Callable[[], float] = time.time) -> None:
+        stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+        if not stages or any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
+            raise TypeError(
+                f"trace_torch needs a torch pipeline schedule with its stages (a "
+                f"torch.distributed.pipelining schedule object), got {type(schedule).__name__}"
+            )
+        self.schedule = schedule
+        self.stages = list(stages)
+        self.clock = clock
+        self._events: list[Event] = []
+        self._samples: list[MemorySample] = []
+        self._saved: list[tuple[Any, str, Any]] = []  # (stage, method, its instance attribute)
+        self._paired = _overlapped(schedule)
+        cuda = any(getattr(getattr(s, "device", None), "type", "") == "cuda" for s in self.stages)
+        self._cuda_class = _cuda_timer() if cuda else None
+        self._cuda = None
+        self._trace: Trace | None = None
+
+    # ------------------------------------------------------------------ wrapping
+    def start(self) -> None:
+        if self._cuda_class is not None:
+            self._cuda = self._cuda_class(self.clock)
+        for stage in self.stages:
+            for name in _METHODS:
+                self._saved.append((stage, name, stage.__dict__.get(name, _MISSING)))
+                setattr(stage, name, self._wrap(stage, name, getattr(stage, name)))
+
+    def stop(self) -> None:
+        """Puts every wrapped method back (what was there before: torch's, or a wrapper of an
+        outer recorder)."""
+        while self._saved:
+            stage, name, before = self._saved.pop()
+            if before is _MISSING:
+                stage.__dict__.pop(name, None)
+            else:
+                setattr(stage, name, before)
+        if self._cuda is not None:  # GPU times replace the host's launch times
+            self._events = self._cuda.times(self._events)
+            self._cuda = None
+
+    def _wrap(self, stage: Any, name: str, method: Callable) -> Callable:
+        signature = inspect.signature(method)
+        rank = int(stage.group_rank)  # the rank in the pipeline's group, as placements count
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            microbatch = int(next(iter(bound.arguments.values())))  # fwd/bwd_chunk_id
+            if name == "forward_one_chunk":
+                kind = "F"
+            elif name == "backward_one_chunk":
+                kind = "B" if bound.arguments.get("full_backward", True) else "I"
+            else:
+                kind = "W"
+            start = self.clock()
+            gpu = self._cuda.start() if self._cuda is not None else None
+            out = method(*args, **kwargs)
+            if gpu is not None:
+                self._cuda.stop(gpu, len(self._events))
+            end = self.clock()
+            s = int(stage.stage_index)
+            paired = (s, kind, microbatch) in self._paired
+            self._events.append(Event(rank, s, kind, microbatch, start, end, paired))
+            self._samples.append(
+                MemorySample(
+                    rank,
+                    s,
+                    end,
+                    len(getattr(stage, "fwd_cache", ())),  # activations held for I/B
+                    len(getattr(stage, "dw_runner", ())),  # I done, W pending
+                )
+            )
+            return out
+
+        recorded.__wrapped__ = method  # type: ignore[attr-defined]
+        return recorded
+
+    # ------------------------------------------------------------------ results
+    @property
+    def trace(self) -> Trace:
+        """This rank's events (wall-clock times), in the order they ran."""
+        return Trace(events=list(self._events), memory_samples=list(self._samples))
+
+    def gather_trace(self, group: Any = None) -> Trace:
+        """Every rank's trace, merged onto one clock from 0 (collective: call on all ranks
+        of the pipeline's group)."""
+        import torch.distributed as dist
+
+        traces: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(traces, self.trace, group=group)
+        return Trace.merge(traces)
+
+    def clear(self) -> None:
+        """Forget what was recorded (e.g. after a warm-up step)."""
+        self._events, self._samples = [], []
+
+
+_MISSING = object()
+
+
+def _cuda_timer() -> type:
+    from zbkit.pipeline._execute import CudaTimer
+
+    return CudaTimer
+
+
+def _overlapped(schedule: Any) -> set[tuple[int, str, int]]:
+    """(stage, kind, microbatch) of the halves of torch's OVERLAP_F_B actions on this rank."""
+    order = getattr(schedule, "pipeline_order_with_comms", None) or {}
+    out = set()
+    for action in order.get(getattr(schedule, "rank", None), []) or []:
+        for sub in getattr(action, "sub_actions", None) or ():
+            kind = str(sub)[len(str(sub.stage_index))]  # "3B0" -> "B"
+            out.add((sub.stage_index, kind, sub.microbatch_index))
+    return out
+
+
+@contextmanager
+def trace_torch(schedule: Any, clock: Callable[[], float] = time.time) -> Iterator[TorchRecorder]:
+    """Record every compute action `schedule` (a torch pipeline schedule) runs on this rank
+    while the block runs; `rec.trace` (this rank) or `rec.gather_trace()` (all) after."""
+    rec = TorchRecorder(schedule, clock)
+    rec.start()
+    try:
+        yield rec
+    finally:
+        rec.stop()
+
+
+def schedule_of_trace(trace: Trace, stage_to_rank: list[int], name: str = "traced") -> Schedule:
+    """The program a traced run performed, per rank in the order it ran (two paired events in
+    a row: one overlapped pair), as a `Schedule` to validate, simulate or compare."""
+    program: dict[int, list[Action | Overlap]] = {r: [] for r in range(max(stage_to_rank) + 1)}
+    events = sorted(trace.events, key=lambda e: (e.rank, e.start))
+    i = 0
+    while i < len(events):
+        e = events[i]
+        a = Action(e.stage, e.kind, e.microbatch)
+        nxt = events[i + 1] if i + 1 < len(events) else None
+        if e.paired and nxt is not None and nxt.paired and nxt.rank == e.rank:
+            b = Action(nxt.stage, nxt.kind, nxt.microbatch)
+            program[e.rank].append(Overlap(a, b) if a.kind == "F" else Overlap(b, a))
+            i += 2
+            continue
+        program[e.rank].append(a)
+        i += 1
+    microbatches = 1 + max((e.microbatch for e in events), default=-1)
+    return Schedule(program, list(stage_to_rank), microbatches, name)
