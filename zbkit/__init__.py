@@ -18,6 +18,7 @@ _EXPORTS = {
     "LaunchError": "zbkit.launch",
     "analyze": "zbkit.splitgrad",
     "build_schedule": "zbkit.schedules",
+    "debug": "zbkit.debug",
     "launch": "zbkit.launch",
     "simulate": "zbkit.schedules",
     "viz": "zbkit.viz",
