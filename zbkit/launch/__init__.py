@@ -14,6 +14,7 @@ stand-in for torchrun; it sets the same variables.
 import inspect
 import sys
 import types
+from typing import Any
 
 from zbkit.launch._procs import LaunchError
 from zbkit.launch.cluster import Cluster
@@ -27,7 +28,7 @@ class _CallableModule(types.ModuleType):
     Python set the attribute ``zbkit.launch`` to the package, so ``from zbkit import launch``
     can hand back the package. Calling the package therefore calls the function."""
 
-    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return launch(*args, **kwargs)
 
 

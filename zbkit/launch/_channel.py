@@ -59,7 +59,7 @@ def call_payload(fn: Any, args: tuple, kwargs: dict) -> bytes:
     has them (a notebook cell lives only in the kernel's linecache)."""
     code = getattr(fn, "__code__", None)
     lines = linecache.getlines(code.co_filename) if code is not None else []
-    source = (code.co_filename, lines) if lines else None
+    source = (code.co_filename, lines) if code is not None and lines else None
     return dumps((fn, args, kwargs, source))
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 import warnings
 import weakref
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_any
 from typing import Any, TextIO
 
@@ -105,7 +106,7 @@ def check_timeout(timeout: Any, name: str = "timeout") -> None:
         raise TypeError(
             f"{name} must be a number of seconds (e.g. {name}=60) or None, got {_type(timeout)}"
         )
-    if not timeout > 0:  # nan too
+    if not timeout > 0:  # type: ignore[operator]  # nan too; typeshed's Real has no __gt__
         raise ValueError(f"{name} must be a positive number of seconds or None, got {timeout!r}")
 
 
@@ -121,13 +122,13 @@ def check_args(nprocs: Any, backend: Any, master_port: Any = None) -> None:
         if isinstance(master_port, bool) or not isinstance(master_port, numbers.Integral):
             raise TypeError(f"master_port must be an int port number or None (zbkit picks a "
                             f"free one), got {_type(master_port)}")  # fmt: skip
-        if not 0 < master_port < 65536:
+        if not 0 < master_port < 65536:  # type: ignore[operator]  # typeshed's Integral
             raise ValueError(f"master_port must be in 1..65535 or None, got {master_port!r}")
     if backend == "nccl":
         import torch
 
         gpus = torch.cuda.device_count()
-        if gpus < nprocs:
+        if gpus < nprocs:  # type: ignore[operator]  # typeshed's Integral has no __gt__
             raise LaunchError(
                 f"backend='nccl' puts rank k on GPU k, so nprocs={nprocs} needs {nprocs} GPUs, "
                 f"but torch.cuda.device_count() is {gpus}; use backend='gloo' (CPU) or "
@@ -179,7 +180,7 @@ class RankGroup:
         check_args(nprocs, backend, master_port)
         _warn_if_oversubscribed(nprocs)  # once per start, not per rank
         self.nprocs, self.backend = nprocs, backend
-        self.conns: dict[int, Any] = {}  # rank -> control connection, while it is open
+        self.conns: dict[int, Connection] = {}  # rank -> control connection, while it is open
         self.procs: list[subprocess.Popen] = []
         self._pipes: dict[int, tuple[int, str, bytearray]] = {}  # fd -> (rank, stream, partial)
         self._out: TextIO = sys.stdout
@@ -248,7 +249,7 @@ class RankGroup:
             self._pipes[pipe.fileno()] = (rank, stream, bytearray())
 
     # -- output --------------------------------------------------------------------------
-    def _emit(self, rank: int, stream: str, line: bytes) -> None:
+    def _emit(self, rank: int, stream: str, line: bytes | bytearray) -> None:
         target = self._out if stream == "stdout" else self._err
         target.write(f"[rank {rank}] {line.decode('utf-8', 'replace')}\n")  # one whole line
 
@@ -298,10 +299,11 @@ class RankGroup:
                 self._read_pipe(obj)
                 continue
             rank = by_conn[id(obj)]
+            conn = self.conns[rank]  # obj itself, typed as the Connection it is
             try:
-                events.append((rank, *ch.recv(obj)))
+                events.append((rank, *ch.recv(conn)))
             except (EOFError, OSError):
-                obj.close()
+                conn.close()
                 del self.conns[rank]
                 events.append((rank, DIED, 0, b""))
         # A rank can die while a process it forked keeps the channel open: look at exit codes.

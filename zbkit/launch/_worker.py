@@ -94,8 +94,10 @@ def run_cell(code: str, name: str, namespace: dict[str, Any]) -> Any:
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)  # source in tracebacks
     tree = ast.parse(code, filename=name, mode="exec")
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    final = tree.body[-1] if tree.body else None
+    if isinstance(final, ast.Expr):
+        tree.body.pop()
+        last = ast.Expression(final.value)
     exec(compile(tree, name, "exec"), namespace)
     return eval(compile(last, name, "eval"), namespace) if last is not None else None
 
