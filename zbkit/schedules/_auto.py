@@ -139,7 +139,8 @@ def _search(problem: Problem, name: str) -> AutoSearch:
             continue
         problem.beat = min(scored)[0] if scored else math.inf
         try:
-            schedule = Schedule(candidate.build(problem), where, m, name)
+            program = candidate.build(problem)
+            schedule = Schedule(program, where, m, name)
         except ValueError as err:  # it cannot meet this limit: say why in the table
             rows[i] = Tried(candidate, None, None, f"cannot build: {err}")
             continue
@@ -148,7 +149,7 @@ def _search(problem: Problem, name: str) -> AutoSearch:
             rows[i] = Tried(candidate, None, None, f"stopped: slower than {best} ({err})")
             continue
         peak = 0.0
-        for actions in schedule.program.values():
+        for actions in program.values():
             held = 0.0
             for a in actions:
                 held += delta[a.stage, a.kind]

@@ -62,8 +62,9 @@ def greedy(
     f_order = {
         r: sorted((s for s in range(n) if stage_to_rank[s] == r), reverse=True) for r in range(p)
     }
-    f_end = [[None] * m for _ in range(n)]  # when F(s, j) ended
-    x_end = [[None] * m for _ in range(n)]  # when I(s, j) ended (the input gradient exists)
+    f_end: list[list[float | None]] = [[None] * m for _ in range(n)]  # when F(s, j) ended
+    # when I(s, j) ended (the input gradient exists)
+    x_end: list[list[float | None]] = [[None] * m for _ in range(n)]
     next_f = [0] * n
     # room kept free for carrying a new microbatch through the rank's later stages (ZB-V's
     # second chunk): without it, first-chunk forwards could fill memory and starve the V
@@ -101,18 +102,26 @@ def greedy(
 
     def offer_i(s: int, j: int) -> None:
         # I(s, j) can be queued once F(s, j) and I(s+1, j) have known end times
-        if f_end[s][j] is None or (s < last and x_end[s + 1][j] is None):
+        f = f_end[s][j]
+        if f is None:
             return
-        ready = f_end[s][j] if s == last else max(f_end[s][j], arrive(x_end[s + 1][j], s + 1, s))
+        if s == last:
+            ready = f
+        else:
+            x = x_end[s + 1][j]
+            if x is None:
+                return
+            ready = max(f, arrive(x, s + 1, s))
         heapq.heappush(ready_i[stage_to_rank[s]], (ready, j, -s))
         wake(ready, stage_to_rank[s])
 
     def run(r: int, a: Action, t: float) -> None:
         nonlocal left
-        if first[r] is None:
+        start = first[r]
+        if start is None:
             first[r] = t
-        elif work[r] + t - first[r] - busy[r] > give_up:
-            idle = t - first[r] - busy[r]
+        elif work[r] + t - start - busy[r] > give_up:
+            idle = t - start - busy[r]
             raise Slower(f"rank {r}: work {work[r]:.6g} + idle {idle:.6g} by t={t:.6g}")
         end = t + dur[a.stage][a.kind]
         busy[r] += end - t
@@ -138,8 +147,10 @@ def greedy(
             j = next_f[s]
             if j >= m:
                 continue
-            if s > 0 and (f_end[s - 1][j] is None or arrive(f_end[s - 1][j], s - 1, s) > t + _EPS):
-                continue
+            if s > 0:
+                f = f_end[s - 1][j]
+                if f is None or arrive(f, s - 1, s) > t + _EPS:
+                    continue
             if held[r] + mem[s]["F"] + reserve[s] > memory_limit + _EPS:
                 continue
             return Action(s, "F", j)

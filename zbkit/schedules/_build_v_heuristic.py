@@ -207,12 +207,12 @@ class _Build:
             self.fill_wait(r, "I", leg, overrun=leg == 1 or fill_i)
             self.put(r, "I", leg)
         for r in range(p):
-            leg = self._next_forward(r)
-            if leg is None:
+            f_leg = self._next_forward(r)
+            if f_leg is None:
                 continue
-            self.make_room(r, "F", leg)
-            self.fill_wait(r, "F", leg, overrun=fill_f)
-            self.put(r, "F", leg)
+            self.make_room(r, "F", f_leg)
+            self.fill_wait(r, "F", f_leg, overrun=fill_f)
+            self.put(r, "F", f_leg)
 
     def _next_forward(self, r: int) -> int | None:
         c, m, p = self.count, self.m, self.p

@@ -7,21 +7,21 @@ guarantees) and a builder; `_auto.search` times them and keeps the fastest that 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules._build_greedy import greedy
 from zbkit.schedules._build_heuristic import best_heuristic
 from zbkit.schedules._build_v_heuristic import best_v_heuristic
-from zbkit.schedules._refine import best_sweep, defer_late_ws
+from zbkit.schedules._refine import best_sweep, defer_late_ws, plain_program
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
 
 PLACEMENTS = ("linear", "v")
 
-Program = dict[int, list[Action]]
+Program = Mapping[int, Sequence[Action]]
 
 
 @dataclass
@@ -68,7 +68,7 @@ def _deferred(problem: Problem) -> Program:
     # the construction lets a W overrun the gap before an I by a little; on the critical
     # path that slip repeats rank after rank: defer those Ws (one rank per round at worst)
     start = Schedule(_construction(problem), problem.stage_to_rank, problem.m)
-    return defer_late_ws(start, problem.costs, problem.limit, 2 * problem.pp).program
+    return plain_program(defer_late_ws(start, problem.costs, problem.limit, 2 * problem.pp))
 
 
 def _heuristic(problem: Problem) -> Program:

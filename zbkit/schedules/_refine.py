@@ -27,6 +27,8 @@ kept as steps, and the gain appears once the whole chain is fixed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 from zbkit.schedules import _engine
 from zbkit.schedules._build_greedy import sweep
@@ -39,6 +41,11 @@ _EPS = 1e-9
 _FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]
 _REFINE_PASSES = 2
 _REFINED = 2  # W-filling rules whose best warm-up gets refined
+
+
+def plain_program(schedule: Schedule) -> Mapping[int, Sequence[Action]]:
+    """`schedule.program` typed as zb-auto builds it: single actions, no overlapped pair."""
+    return cast(Mapping[int, Sequence[Action]], schedule.program)
 
 
 def _score(times: dict[int, list[tuple[float, float]]]) -> tuple[float, float]:
@@ -66,7 +73,7 @@ def _late_ws(
     comm: list[float],
 ) -> dict[int, list[int]]:
     """Per rank, positions of Ws on the critical path that overran an action's input."""
-    program, where = schedule.program, schedule.stage_to_rank
+    program, where = plain_program(schedule), schedule.stage_to_rank
     last = schedule.num_stages - 1
     # (what, stage, microbatch) -> (rank, position) of the action that provides it
     makes = _engine.tables()[0]
@@ -124,7 +131,7 @@ def defer_late_ws(
         late = _late_ws(current, times, comm)
         if not late:
             break
-        program = dict(current.program)
+        program = dict(plain_program(current))
         for r, positions in late.items():
             actions = list(program[r])
             for k in sorted(positions, reverse=True):  # from the end: positions stay valid
@@ -206,7 +213,7 @@ def best_sweep(costs: list[Costs], m: int, limit: float) -> dict[int, list[Actio
         for fill, tail in _FILLS:
             attempt(w, fill, tail)
     starts: dict[tuple, tuple] = {}
-    for key in sorted(found, key=found.get):
+    for key in sorted(found, key=lambda k: found[k]):
         if found[key] < math.inf and key[1:] not in starts and len(starts) < _REFINED:
             starts[key[1:]] = key
     for w, fill, tail in starts.values():
@@ -223,7 +230,7 @@ def best_sweep(costs: list[Costs], m: int, limit: float) -> dict[int, list[Actio
                         w, improved = trial, True
             if not improved:
                 break
-    best = min(found, key=found.get)
+    best = min(found, key=lambda k: found[k])
     if found[best] == math.inf:
         return None
     return sweep(costs, m, limit, list(best[0]), best[1], best[2])[0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import final
 
 __all__ = ["KINDS", "PARTS", "Action", "Kind", "Overlap", "Product", "kinds_making", "parse_item"]
 
@@ -92,6 +93,7 @@ def kinds_making(product: Product) -> list[Kind]:
 _PATTERN = re.compile(r"^\s*(\d+)\s*([A-Za-z]+)\s*(\d+)\s*$")
 
 
+@final  # `type(a) is Action` tells a pair from an action in the hot loops
 @dataclass(frozen=True, slots=True, order=True)
 class Action:
     """A compute action: `kind` of `stage` on `microbatch` (all indices 0-based)."""
@@ -166,6 +168,7 @@ def _clip(text: object, most: int = 40) -> str:
 _PAIRED = tuple(k.letter for k in kinds_making(Product.GRAD))
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Overlap:
     """torch's OVERLAP_F_B: a forward and a backward (B or I) of another microbatch, issued

@@ -234,7 +234,9 @@ def compare_with_torch(
     cls_name, cls = _resolve_class(name_or_class)
     theirs = from_torch(cls, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank)
     name = TORCH_NAMES[cls_name]
-    options = {} if stages_per_rank is None else {"stages_per_rank": stages_per_rank}
+    options: dict[str, Any] = (
+        {} if stages_per_rank is None else {"stages_per_rank": stages_per_rank}
+    )
     ours = build_schedule(name, pp=pp, microbatches=microbatches, **options)
     costs = Costs() if costs is None else costs
     torch_error, torch_sim = _check(theirs, costs)

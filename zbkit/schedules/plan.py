@@ -128,5 +128,6 @@ def derive_plan(schedule: Schedule, rank: int) -> Plan:
         for a in item.halves:
             dst = a.info.consumer(a.stage, n)
             if dst is not None and where[dst] != rank:
+                assert a.info.makes is not None, f"{a}: a kind with a consumer makes something"
                 steps.append(Comm(CommOp.SEND, a.info.makes, dst, a.microbatch, where[dst], str(a)))
     return Plan(rank, tuple(steps))

@@ -15,6 +15,7 @@ import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
+from typing import cast
 
 from zbkit.schedules._grid import render_grid
 from zbkit.schedules.action import Action, Overlap, parse_item
@@ -36,7 +37,7 @@ class Schedule:
     placement (an F whose previous stage is on another rank needs a receive, and so on).
     """
 
-    program: dict[int, list[Action | Overlap]]
+    program: Mapping[int, Sequence[Action | Overlap]]
     stage_to_rank: list[int]
     microbatches: int
     name: str = field(default="custom", compare=False)
@@ -76,7 +77,7 @@ class Schedule:
         """`rank`'s actions in order, an overlapped pair's two halves one after the other."""
         row = self.program.get(rank, [])
         if all(type(item) is Action for item in row):  # no pairs: the common, cheap case
-            return list(row)
+            return list(cast(Sequence[Action], row))
         return [h for item in row for h in item.halves]
 
     def __repr__(self) -> str:
@@ -228,7 +229,7 @@ def _torch_form(item: Action | Overlap) -> str:
     return item.torch_form() if isinstance(item, Overlap) else str(item)
 
 
-def _check_index(program: Mapping[int, Sequence[Action]], what: str, count: int) -> None:
+def _check_index(program: Mapping[int, Sequence[Action | Overlap]], what: str, count: int) -> None:
     """A schedule runs every stage on every microbatch: an index far above the number of
     actions cannot be right (and would cost memory in proportion to it): one line."""
     total = sum(len(actions) for actions in program.values())
@@ -256,7 +257,7 @@ def _runs(numbers: list[int]) -> str:
     return ", ".join(text) + (f", ... ({len(numbers)} in all)" if len(runs) > 6 else "")
 
 
-def _infer_placement(program: Mapping[int, Sequence[Action]]) -> list[int]:
+def _infer_placement(program: Mapping[int, Sequence[Action | Overlap]]) -> list[int]:
     where: dict[int, tuple[int, int]] = {}  # stage -> (rank, position) of first sight
     for rank in sorted(program):
         for pos, item in enumerate(program[rank]):

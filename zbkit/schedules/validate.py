@@ -10,6 +10,8 @@ tens of milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from zbkit.schedules import _engine
 from zbkit.schedules.action import KINDS, PARTS, Action, Overlap, Product, kinds_making
 from zbkit.schedules.schedule import Schedule, ScheduleError
@@ -117,7 +119,9 @@ def _check_actions(schedule: Schedule) -> list[int]:
     done = [-1] * (len(PARTS) * nm)  # part of (stage, mb) -> position of who did it
     made = [False] * (len(products) * nm)
 
-    def check(a: Action, item: Action | Overlap, rank: int, pos: int, program: list) -> int:
+    def check(
+        a: Action, item: Action | Overlap, rank: int, pos: int, program: Sequence[Action | Overlap]
+    ) -> int:
         """Checks one action (or one half of an overlapped pair `item`); books what it did
         and returns the key of what it makes (-1: nothing), for the caller to mark made."""
         s, j = a.stage, a.microbatch
@@ -201,7 +205,9 @@ def _check_actions(schedule: Schedule) -> list[int]:
     return done
 
 
-def _missing(a: Action, item: Action | Overlap, product: Product, program: list) -> str:
+def _missing(
+    a: Action, item: Action | Overlap, product: Product, program: Sequence[Action | Overlap]
+) -> str:
     """Why `a` cannot run yet: what it needs from its own stage comes later, or never."""
     s, j = a.stage, a.microbatch
     options = [Action(s, k.letter, j) for k in kinds_making(product)]
