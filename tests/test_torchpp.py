@@ -2,8 +2,9 @@
 
 In one process: torch 2.13's own stage functions fail on a view output and on tied weights;
 the same calls through torch's stage module under `exact_split_backward()` give exactly
-what plain `loss.backward()` gives. On 2 gloo ranks (one launch): torch's ScheduleZBVZeroBubble
-and ScheduleInterleavedZeroBubble on a model with both, against a single-process backward.
+what plain `loss.backward()` gives. On 2 gloo ranks (one launch): torch's ScheduleZBVZeroBubble,
+ScheduleDualPipeV and ScheduleInterleavedZeroBubble on a model with both, against a
+single-process backward.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What tests/test_torchpp.py runs on 2 gloo ranks: torch's own schedules, torch's own stages.
 
-A 4-stage model on 2 ranks, two stages each (ZBV: a V; interleaved: looped):
+A 4-stage model on 2 ranks, two stages each (ZBV, DualPipeV: a V; interleaved: looped):
 
     stage 0: tanh(Linear(x))                                  (first: torch runs full B at W)
     stage 1: Linear(x).view(b, 2, D // 2)                     (output is a view)
@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
+    ScheduleDualPipeV,
     ScheduleInterleavedZeroBubble,
     ScheduleZBVZeroBubble,
 )
@@ -26,7 +27,12 @@ from torch.distributed.pipelining import _backward as torch_backward
 from torch.distributed.pipelining import stage as torch_stage
 
 D, BATCH, MICROBATCHES = 8, 8, 4
-SCHEDULES = {"zbv": ScheduleZBVZeroBubble, "interleaved-zb": ScheduleInterleavedZeroBubble}
+SCHEDULES = {
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
+    "interleaved-zb": ScheduleInterleavedZeroBubble,
+}
+V_PLACED = ("zbv", "dualpipev")
 
 
 class First(nn.Module):
@@ -101,8 +107,8 @@ def step(schedule_name: str, view: bool, tied: bool, exact: bool, timeout_s: flo
     dist.barrier()  # a rank that failed early waits here for its peer's timeout to end
     group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=timeout_s))
     mods = make_model(view, tied)
-    # ZBV's V: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2; interleaved: 0, 2 | 1, 3
-    here = [rank, 3 - rank] if schedule_name == "zbv" else [rank, rank + 2]
+    # the V: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2; interleaved: 0, 2 | 1, 3
+    here = [rank, 3 - rank] if schedule_name in V_PLACED else [rank, rank + 2]
     stages = [PipelineStage(mods[s], s, 4, torch.device("cpu"), group=group) for s in here]
     schedule = SCHEDULES[schedule_name](stages, MICROBATCHES, loss_fn=loss_fn)
     x, y = batch()
