@@ -29,7 +29,6 @@ from torch.autograd.graph import Node, get_gradient_edge
 from zbkit.splitgrad import _fast, _plan
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._free import release_saved
-from zbkit.splitgrad._graph import grad_node
 from zbkit.splitgrad._groups import analyse_stage
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
@@ -114,7 +113,8 @@ def stage_backward_full(
     handles = []
 
     def store(i: int, g: torch.Tensor) -> None:
-        result[i] = g if result[i] is None else result[i] + g
+        before = result[i]
+        result[i] = g if before is None else before + g
 
     for i, x in enumerate(inputs):
         if x.requires_grad and x.is_leaf:
@@ -160,17 +160,18 @@ def stage_backward_input(
 
     out_edges = [get_gradient_edge(t) for t in tensors]
     out_nodes = [e.node for e in out_edges]
-    input_nodes = [grad_node(x) for x in inputs if x.requires_grad]
+    input_nodes = [get_gradient_edge(x).node for x in inputs if x.requires_grad]
     fast = _fast.use_fast_paths()
     # the same analysis either way; the fast path keeps it per graph structure
-    stage = (_plan.analyse_cached if fast else analyse_stage)(out_nodes, input_nodes, weights)
+    plan = _plan.analyse_cached(out_nodes, input_nodes, weights) if fast else None
+    stage = plan if plan is not None else analyse_stage(out_nodes, input_nodes, weights)
 
     edges_at: dict[Node, list[int]] = {}
     for k, node in enumerate(out_nodes):
         edges_at.setdefault(node, []).append(k)
     wanted = [x for x in inputs if x.requires_grad]
     run_i = bool(wanted and tensors)  # first stage: nothing to do here, W does it all
-    eager = run_i and fast  # may I compute LayerNorm weight halves?
+    eager = plan if run_i else None  # may I compute LayerNorm weight halves? (the fast plan)
     works: list[PendingGroup] = []
     ready_edges = []  # the parameter edges of LayerNorm-like groups, asked for in I
     handles = []
@@ -180,7 +181,7 @@ def stage_backward_input(
             works.append(work)
             for root in group.roots:  # outputs outside the input closure start W directly
                 work.roots += [(out_edges[k], grads[k]) for k in edges_at.get(root, ())]
-            edges = _fast.eager_edges(stage.eager[i]) if eager else []
+            edges = _fast.eager_edges(eager.eager[i]) if eager is not None else []
             if edges:  # nothing to capture: I hands W the parameter gradients
                 work.ready = [(e, None) for e in edges]
                 ready_edges += edges
@@ -192,14 +193,19 @@ def stage_backward_input(
         found: tuple = ()
         if run_i:
             with grad_directions(GradDirection.INPUT):
+                # torch takes tensors and GradientEdges in one list; its stub wants one kind
                 found = torch.autograd.grad(
-                    tensors, [*wanted, *ready_edges], grads, retain_graph=True, allow_unused=True
+                    tensors,
+                    [*wanted, *ready_edges],  # type: ignore[arg-type]
+                    grads,
+                    retain_graph=True,
+                    allow_unused=True,
                 )
             ready_grads = iter(found[len(wanted) :])
             for work in works:
                 work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
-            if eager and not retain_graph:  # what W never runs may go now
-                release_saved(stage.input_only(works))
+            if eager is not None and not retain_graph:  # what W never runs may go now
+                release_saved(eager.input_only(works))
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle

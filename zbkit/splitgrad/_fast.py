@@ -120,9 +120,11 @@ def _probe() -> str | None:
         return "the batched weight pass gives gradients that differ from plain autograd's"
     h = x * 2
     node, alive = torch.sin(h).grad_fn, weakref.ref(h)  # sin's node saves its input h
+    assert node is not None, "sin of a tensor that requires grad has a node"
     del h
     release_saved([node])
-    if alive() is not None or node._raw_saved_self.unpack_hook is not unpack_freed:
+    saved = node._raw_saved_self  # type: ignore[attr-defined]  # private: what this probes
+    if alive() is not None or saved.unpack_hook is not unpack_freed:
         return "releasing a node's saved tensors does not free them"
     return None
 
@@ -165,7 +167,7 @@ def eager_candidates(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list
     edges = []
     for k in group.exits[0]:
         param, nr = node.next_functions[k]
-        if not hasattr(param, "variable") or reverse.get(param) != [node]:
+        if param is None or not hasattr(param, "variable") or reverse.get(param) != [node]:
             return []  # only AccumulateGrad nodes have `variable`
         edges.append(GradientEdge(param, nr))
     return edges if len(edges) == len(group.param_nodes) else []
@@ -174,7 +176,8 @@ def eager_candidates(group: ParamGroup, reverse: dict[Node, list[Node]]) -> list
 def eager_edges(candidates: list[GradientEdge]) -> list[GradientEdge]:
     """The candidates, if none of their parameters has tensor hooks (capturing runs
     them in I; W would run them again), else []."""
-    if any(edge.node.variable._backward_hooks for edge in candidates):
+    # `variable`: an AccumulateGrad node's leaf, not in torch's Node stub
+    if any(edge.node.variable._backward_hooks for edge in candidates):  # type: ignore[attr-defined]
         return []
     return candidates
 
@@ -228,7 +231,8 @@ def _replay(
         return [], []
     nodes = [wk.group.intermediates[0] for wk in works]
     exit_edges = [
-        [GradientEdge(*node.next_functions[k]) for k in wk.group.exits[0]]
+        # an exit edge leads to a parameter's node: never None
+        [GradientEdge(*node.next_functions[k]) for k in wk.group.exits[0]]  # type: ignore[arg-type]
         for wk, node in zip(works, nodes, strict=True)
     ]
     # the shape each exit edge's node expects: a Linear's bias gradient comes out
@@ -244,7 +248,8 @@ def _replay(
         # exit edges as needed, so each node skips its input half
         for wk, node, exits, exit_shapes in zip(works, nodes, exit_edges, shapes, strict=True):
             captured, wk.captured = wk.captured[0], []  # free each captured gradient once used
-            out = node(*captured)
+            assert captured is not None, "batchable: I reached this group's node"
+            out = node(*captured)  # type: ignore[operator]  # a Node is callable; its stub says not
             del captured
             if not retain_graph:  # this group is done with its node: free what it saved
                 release_saved((node,))
@@ -260,10 +265,17 @@ def _replay(
 
     anchor = torch.zeros((), requires_grad=True)  # a one-node graph to hang `replay` on
     trigger = anchor.view_as(anchor)
+    assert trigger.grad_fn is not None, "a view of a tensor that requires grad has a node"
     handle = trigger.grad_fn.register_prehook(replay)
     try:
         wanted = [edge for exits in exit_edges for edge in exits]
-        torch.autograd.grad(trigger, [*wanted, anchor], torch.zeros(()), allow_unused=True)
+        # torch takes GradientEdges and tensors in one list; its stub wants one kind
+        torch.autograd.grad(
+            trigger,
+            [*wanted, anchor],  # type: ignore[arg-type]
+            torch.zeros(()),
+            allow_unused=True,
+        )
     finally:
         handle.remove()
     return edges, grads

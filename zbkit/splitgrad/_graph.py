@@ -8,7 +8,7 @@ depend on the stage inputs?"), so we build the reverse adjacency once per graph.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 import torch
 from torch.autograd.graph import Node, get_gradient_edge
@@ -51,7 +51,7 @@ def build_reverse_graph(roots: Iterable[Node | None]) -> dict[Node, list[Node]]:
 
 
 def ordered_closure(
-    roots: Iterable[Node | None], targets: set[Node] | dict[Node, object], reverse: dict
+    roots: Iterable[Node | None], targets: Container[Node], reverse: dict
 ) -> tuple[dict[Node, None], dict[Node, None]]:
     """`reverse_closure` returning insertion-ordered dicts (deterministic iteration)."""
     closure: dict[Node, None] = {}

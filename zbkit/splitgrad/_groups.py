@@ -85,17 +85,17 @@ def _has_mixed_custom_function(nodes: Sequence[Node], closure: dict) -> bool:
     return False
 
 
-def input_closure(input_nodes: Sequence[Node], reverse_graph: dict) -> dict[Node, None]:
+def input_closure(input_nodes: Sequence[Node | None], reverse_graph: dict) -> dict[Node, None]:
     """C: every node that depends on the stage inputs (what I executes), in a fixed order."""
     return ordered_closure(input_nodes, (), reverse_graph)[0]
 
 
 def group_params(
-    input_nodes: Sequence[Node],
-    param_nodes: Sequence[Node],
+    input_nodes: Sequence[Node | None],
+    param_nodes: Sequence[Node | None],
     reverse_graph: dict[Node, list[Node]],
     *,
-    output_nodes: Sequence[Node] | None = None,
+    output_nodes: Sequence[Node | None] | None = None,
     closure: dict[Node, None] | None = None,
 ) -> list[ParamGroup]:
     """Split parameters into disjoint groups that W can process independently.
@@ -179,13 +179,13 @@ def analyse_stage(
     # the leaves off the graph's AccumulateGrad nodes is much cheaper than asking
     # every parameter for its node (that builds a throwaway view per parameter).
     leaf_node = {}
-    for node in reverse:
-        leaf = getattr(node, "variable", None)  # only AccumulateGrad nodes have it
+    for graph_node in reverse:
+        leaf = getattr(graph_node, "variable", None)  # only AccumulateGrad nodes have it
         if leaf is not None:
-            leaf_node[id(leaf)] = node
+            leaf_node[id(leaf)] = graph_node
     weight_of: dict[Node, torch.Tensor] = {}
     for w in weights:
-        node = leaf_node.get(id(w))
+        node: Node | None = leaf_node.get(id(w))
         if node is None and w.requires_grad and not w.is_leaf:
             node = w.grad_fn
         if node is not None:  # None: frozen, or the outputs do not depend on it

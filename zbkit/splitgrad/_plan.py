@@ -62,13 +62,14 @@ def walk(roots: Sequence[Node]) -> tuple[list[Node], dict[Node, int], list, dict
         edges = node.next_functions
         key.append(len(edges))
         for producer, nr in edges:
-            p = pos.get(producer)
-            if p is None:
-                if producer is None:  # an input that does not require grad
-                    p = -1
-                else:
-                    p = pos[producer] = len(nodes)
+            if producer is None:  # an input that does not require grad
+                p = -1
+            else:
+                seen = pos.get(producer)
+                if seen is None:
+                    seen = pos[producer] = len(nodes)
                     nodes.append(producer)
+                p = seen
             key.append(p)
             key.append(nr)
         i += 1
@@ -195,7 +196,7 @@ def analyse_cached(
     weight_pos = []
     for w in weights:  # as analyse_stage finds each weight's node
         p = leaf_pos.get(id(w))
-        if p is None and w.requires_grad and not w.is_leaf:
+        if p is None and w.requires_grad and w.grad_fn is not None:  # a non-leaf: its own node
             p = pos.get(w.grad_fn)
         weight_pos.append(-1 if p is None else p)
     full_key = (
