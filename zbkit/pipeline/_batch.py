@@ -43,7 +43,10 @@ def split_batch(
             f"{first_name} has {rows} rows, which do not split into {m} equal microbatches; "
             f"use a batch size that is a positive multiple of schedule.microbatches ({m})"
         )
-    return _split(inputs, m), _split(targets, m)
+    return (
+        None if inputs is None else _split(inputs, m),
+        None if targets is None else _split(targets, m),
+    )
 
 
 def _leaves(batch: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -68,9 +71,7 @@ def _leaves(batch: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
         )
 
 
-def _split(batch: Any, m: int) -> list[Any] | None:
-    if batch is None:
-        return None
+def _split(batch: Any, m: int) -> list[Any]:
     if isinstance(batch, torch.Tensor):
         return list(batch.chunk(m))  # rows % m == 0: m equal views
     parts = {k: _split(v, m) for k, v in batch.items()}

@@ -72,14 +72,17 @@ class P2P:
             )
         self._sent_meta: dict[tuple[str, int], Meta] = {}
         self._recv_meta: dict[tuple[str, int], Meta] = {}
-        self._pending: list[tuple[list, Comm, list[torch.Tensor]]] = []  # sends not yet waited
+        # sends not yet waited, with what they send (kept alive until the wire is done)
+        self._pending: list[tuple[list, Comm, torch.Tensor | list[torch.Tensor]]] = []
         self._early_meta: dict[tuple[str, int], tuple[list, torch.Tensor]] = {}
         # per transfer, once its edge's shapes are agreed: what to check and where to send /
         # the buffers to receive into (kept across steps)
         self._sends: dict[Comm, tuple] = {}
         self._recvs: dict[Comm, tuple] = {}
         self._wait_for = datetime.timedelta(seconds=timeout)
-        self._pg = group if group is not None else dist.group.WORLD  # peers: group ranks
+        pg = group if group is not None else dist.group.WORLD  # peers: group ranks
+        assert pg is not None, "get_backend above needs an initialised process group"
+        self._pg = pg
 
     def forget_shapes(self) -> None:
         """The next step agrees names, shapes and dtypes afresh (another batch size).
@@ -208,7 +211,8 @@ class P2P:
         key = (comm.what, comm.stage)
         meta = self._recv_meta.get(key)
         if meta is None:
-            works, buf = self._early_meta.pop(key, None) or self._post_meta_recv(comm)
+            early = self._early_meta.pop(key, None)
+            works, buf = early or self._post_meta_recv(comm)
             self._wait(works, comm)
             meta = self._recv_meta[key] = unpack(buf)
         bufs = [
@@ -243,6 +247,7 @@ class P2P:
         fn = dist.isend if op is CommOp.SEND else dist.irecv
         if not tensors:  # a message with no tensors (e.g. no input needed a gradient)
             return []
+        works: list
         try:  # posting to a peer that has gone fails here, before any wait
             if self.batched:
                 pairs = zip(tensors, tags, strict=True)

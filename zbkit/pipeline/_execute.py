@@ -113,7 +113,8 @@ class StepState:
         n = len(self.stage_to_rank)
         stage = self.stages[s]
         start = self.clock()
-        gpu = self.cuda.start() if self.cuda is not None else None
+        cuda = self.cuda
+        gpu = cuda.start() if cuda is not None else None
         # named for a torch profiler when one runs (record_function costs ~10 us otherwise)
         named = record_function(str(action)) if _profiling() else nullcontext()
         with named:
@@ -124,11 +125,12 @@ class StepState:
             made = getattr(self, f"run_{kind.run}")(stage, action, received)
             consumer = kind.consumer(s, n)
             if consumer is not None:
+                assert kind.makes is not None, f"{action}: a kind with a consumer makes something"
                 self._give((kind.makes, consumer, j), made)
         end = self.clock()
         rank = self.stage_to_rank[s]
-        if gpu is not None:
-            self.cuda.stop(gpu, len(self.trace.events))
+        if cuda is not None:  # gpu is its start event
+            cuda.stop(gpu, len(self.trace.events))
         self.trace.events.append(Event(rank, s, action.kind, j, start, end, paired))
         self.trace.memory_samples.append(
             MemorySample(

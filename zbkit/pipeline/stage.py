@@ -175,11 +175,11 @@ class PipelineStage:
     def module_output(self, outputs: Tensors) -> Any:
         """``outputs`` (what ``forward`` returned) in the module's own form: the dict, the
         Tensor or the tuple, as a torch-style ``loss_fn(output, target)`` expects it."""
-        if self._returns is dict:
-            return outputs
+        if isinstance(self._returns, int):  # a tuple of that many
+            return tuple(outputs.get(str(i)) for i in range(self._returns))
         if self._returns is torch.Tensor:
             return outputs["0"]
-        return tuple(outputs.get(str(i)) for i in range(self._returns))
+        return outputs
 
     def set_loss(self, microbatch: int, loss: torch.Tensor) -> None:
         """Last stage: the backward of ``microbatch`` starts from this scalar."""

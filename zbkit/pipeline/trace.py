@@ -114,10 +114,11 @@ class Trace:
         ``costs``: one ``Costs`` or one per stage (default ``self.costs``, else ``Costs()``);
         the older form ``memory_for(mem_activation, mem_weight)`` still works.
         """
-        number = isinstance(costs, int | float)
-        if number or mem_activation is not None or mem_weight is not None:  # the older form
-            act = mem_activation if mem_activation is not None else costs if number else 1.0
-            costs = Costs(mem_activation=act, mem_weight=mem_weight or 0.0)
+        if isinstance(costs, int | float) or mem_activation is not None or mem_weight is not None:
+            # the older form
+            if mem_activation is None:
+                mem_activation = costs if isinstance(costs, int | float) else 1.0
+            costs = Costs(mem_activation=mem_activation, mem_weight=mem_weight or 0.0)
         weights = (self.costs if costs is None else costs) or Costs()  # one, or one per stage
         events: dict[int, list[Event]] = {}
         for e in sorted(self.events, key=lambda e: (e.rank, e.start)):
