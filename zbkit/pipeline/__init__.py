@@ -12,7 +12,8 @@
 In one process (the oracle twin of a real run)::
 
     schedule = build_schedule("zb-h1", pp=4, microbatches=8)
-    pipe = LocalPipeline([m0, m1, m2, m3], schedule, loss_fn)   # m(**inputs) -> dict
+    pipe = LocalPipeline([m0, m1, m2, m3], schedule, loss_fn)   # m(**inputs) -> dict, or
+                                          # torch's form: m(*tensors) -> Tensor or tuple
     losses = pipe.step(x, targets=y)      # .grad now as after loss_fn on the full batch
     viz.plot_schedule(pipe.trace)
 
