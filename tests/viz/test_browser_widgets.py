@@ -139,7 +139,7 @@ def test_every_drawing_and_widget_renders_and_responds(tmp_path):
                 executable_path=CHROMIUM,
                 headless=True,
                 args=CHROMIUM_ARGS,
-                viewport={"width": 1400, "height": 1000},
+                viewport={"width": 1400, "height": 2200},  # tall: each widget fits whole
             )
             try:
                 _drive(browser.new_page(), port)
