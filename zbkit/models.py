@@ -160,7 +160,7 @@ class TransformerStage(nn.Module):
             x = self.embed(x)
         for block in self.blocks.values():
             x = block(x)  # (b, t, dim)
-        if self.head is not None:
+        if self.norm is not None and self.head is not None:  # the last stage has both
             return {"logits": self.head(self.norm(x))}
         return {"x": x}
 

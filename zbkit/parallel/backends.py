@@ -131,8 +131,7 @@ class TrainingBackend:
         self._hook_parameters(model)
         first = next(model.parameters(), None)
         self._device = first.device if first is not None else torch.device("cpu")
-        if optimizer is not None:
-            optimizer = AccumOptimizer(optimizer, self._window)
+        wrapped = AccumOptimizer(optimizer, self._window) if optimizer is not None else None
         if dataloader is not None:
             if not hasattr(dataloader, "__iter__"):
                 raise TypeError(
@@ -141,7 +140,7 @@ class TrainingBackend:
             dataloader = AccumulatingLoader(dataloader, self._window)
         if scheduler is not None:
             scheduler = AccumScheduler(scheduler, self._window)
-        return model, optimizer, dataloader, scheduler
+        return model, wrapped, dataloader, scheduler
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         return model

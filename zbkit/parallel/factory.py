@@ -38,7 +38,7 @@ def create_backend(name: str, **options: Any) -> TrainingBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(sorted(BACKENDS))}")
     entry = BACKENDS[name]
-    backend_cls = entry if isinstance(entry, type) else entry()
+    backend_cls: type[TrainingBackend] = entry if isinstance(entry, type) else entry()
     backend_cls.check_options(options)
     return backend_cls(**options)
 
