@@ -25,6 +25,7 @@ from zbkit.demo._report import (
     speedup_rows,
 )
 from zbkit.schedules.action import PARTS
+from zbkit.schedules.costs import per_stage
 
 _CSS = """
 body { font-family: system-ui, sans-serif; max-width: 1250px; margin: 2em auto; color: #222; }
@@ -83,7 +84,8 @@ def _section(real: Run, timed: Run | None, out: Path) -> list[str]:
             f"{timed.sim.bubble_rate:.1%} simulated.</p>",
             _figure(timed, f"{real.name}, synthetic stages"),
         ]
-    ms = [[s, *(f"{getattr(c, k) * 1e3:.3f}" for k in PARTS)] for s, c in enumerate(real.sim.costs)]
+    costs = per_stage(real.sim.costs, real.schedule.num_stages)  # as simulated: one per stage
+    ms = [[s, *(f"{getattr(c, k) * 1e3:.3f}" for k in PARTS)] for s, c in enumerate(costs)]
     chrome = f"trace-{real.name}.json"
     real.trace.to_chrome(out / chrome)  # every rank's actions, waits and memory, for Perfetto
     parts += [
@@ -96,7 +98,7 @@ def _section(real: Run, timed: Run | None, out: Path) -> list[str]:
         _figure(real, f"{real.name}, the real transformer"),
         "<p class=note>The simulation's costs for the real run: each stage's F, I, W (ms), "
         f"from the blocks measured once in one process, and a hop of "
-        f"{real.sim.costs[0].comm * 1e3:.2f} ms between ranks.</p>",
+        f"{costs[0].comm * 1e3:.2f} ms between ranks.</p>",
         _table(["stage", "F", "I", "W"], ms),
         f'<p class=note>The real run\'s drawn round as a Chrome trace: <a href="{chrome}">{chrome}'
         "</a> (open it in https://ui.perfetto.dev).</p>",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,7 +24,7 @@ from zbkit.schedules.action import PARTS
 from zbkit.schedules.measure import hop_latency, measured_costs
 
 
-def grad_difference(per_rank: Sequence[dict], expected: dict[str, torch.Tensor]) -> float:
+def grad_difference(per_rank: Sequence[dict], expected: Mapping[str, torch.Tensor | None]) -> float:
     """Largest |pipeline - one process| over every parameter; inf if one is missing or extra.
 
     ``per_rank``: each rank's ``{parameter name: grad or None}`` for the stages it holds.
@@ -81,9 +81,9 @@ class Run:
 
 def compare(
     schedules: dict[str, Schedule],
-    runs: dict[str, Sequence[dict]],
+    runs: Mapping[str, Sequence[dict]],
     costs: dict[str, list[Costs]],
-    expected: dict[str, torch.Tensor] | None = None,
+    expected: Mapping[str, torch.Tensor | None] | None = None,
 ) -> tuple[list[Run], float]:
     """Every schedule's run beside its simulation with ``costs[name]`` (one measured cost set
     for all) and one hop latency: the median over every schedule's measured rounds.

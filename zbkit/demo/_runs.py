@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from zbkit.models import TinyTransformer, split_stages
 from zbkit.pipeline import LocalPipeline, PipelineStage, ScheduleRunner, SyntheticStage
@@ -67,7 +70,8 @@ def mse(outputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor
 
 
 def make_schedule(name: str, pp: int, microbatches: int) -> Schedule:
-    extra = {"costs": Costs()} if name == "zb-auto" else {}  # zb-auto plans with costs
+    # zb-auto plans with costs
+    extra: dict[str, Any] = {"costs": Costs()} if name == "zb-auto" else {}
     return build_schedule(name, pp=pp, microbatches=microbatches, **extra)
 
 
@@ -106,7 +110,7 @@ def run_schedule(cfg: Config, name: str, synthetic: list[Costs] | None = None) -
     device = _device(cfg)
     schedule = make_schedule(name, world, cfg.microbatches)
     if synthetic is None:
-        mods = split_stages(cfg.model().to(device), schedule.num_stages)
+        mods: Sequence[nn.Module] = split_stages(cfg.model().to(device), schedule.num_stages)
         loss_fn, batch = lm_loss, cfg.batch()
     else:  # sleep: no CPU work while "computing", so ranks sharing cores keep to the times
         mods = [SyntheticStage.from_costs(c, width=cfg.dim, mode="sleep") for c in synthetic]
@@ -142,7 +146,7 @@ def run_schedule(cfg: Config, name: str, synthetic: list[Costs] | None = None) -
     return {"times": times[1:], "grads": grads if synthetic is None else {}, "traces": traces}
 
 
-def oracle(cfg: Config) -> tuple[dict[str, torch.Tensor], float]:
+def oracle(cfg: Config) -> tuple[dict[str, torch.Tensor | None], float]:
     """Plain single-process training on the whole batch: the gradients, and the step's time
     on one thread (as each rank has)."""
     model = cfg.model()
