@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.figure import Figure
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 # Fixed salt and no date: two renders of the same drawing give byte-identical SVG, which lets
 # notebooks store outputs and nbval compare them.
-_SVG_RC = {"svg.hashsalt": "zbkit", "svg.fonttype": "path"}
+_SVG_RC: dict[RcKeyType, Any] = {"svg.hashsalt": "zbkit", "svg.fonttype": "path"}
 _SVG_METADATA = {"Date": None, "Creator": "zbkit"}
 
 

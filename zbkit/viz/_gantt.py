@@ -56,7 +56,8 @@ def shade(color: str, chunk: int, num_chunks: int) -> str:
     if num_chunks <= 1 or chunk == 0:
         return color
     f = 1.0 - 0.35 * chunk / (num_chunks - 1)
-    return to_hex(tuple(f * c for c in to_rgb(color)))
+    r, g, b = to_rgb(color)
+    return to_hex((f * r, f * g, f * b))
 
 
 def text_color(fill: str) -> str:

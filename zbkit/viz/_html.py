@@ -60,7 +60,7 @@ def _fmt(values: Sequence[float]) -> str:
 
 
 def _schedule_rows(schedule: Any) -> dict[int, list[tuple[str, Sequence[str]]]]:
-    rows = {}
+    rows: dict[int, list[tuple[str, Sequence[str]]]] = {}
     for rank in range(schedule.pp):
         rows[rank] = [
             (str(item), [h.kind for h in getattr(item, "halves", (item,))])

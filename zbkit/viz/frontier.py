@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
@@ -210,10 +210,10 @@ def plot_frontier(
     best = sorted({(p.memory, p.bubble) for p in points if p.on_frontier})
     if best:
         xs, ys = [x for x, _ in best], [y for _, y in best]
-        ring = dict(marker="o", mfc="none", mec="black", mew=1.2)
+        ring: dict[str, Any] = dict(marker="o", mfc="none", mec="black", mew=1.2)
         ax.plot(xs, ys, ls="", ms=13, zorder=4, gid="frontier", **ring)
         right = max(p.memory for p in points) * 1.04
-        line = dict(color="black", lw=1.6, alpha=0.35)
+        line: dict[str, Any] = dict(color="black", lw=1.6, alpha=0.35)
         ax.step([*xs, right], [*ys, ys[-1]], where="post", zorder=1, **line)
         label = "Pareto frontier\n(* = some point on it)"
         handles.append(Line2D([], [], ms=10, label=label, **ring, **line))
@@ -245,8 +245,9 @@ def plot_frontier(
         note = "\n".join(wrapped)
         fig.text(0.01, 0.1 / height, note, fontsize=7, va="bottom", color="#b00000", gid="skipped")
 
-    fig.points = points
-    fig.skipped = skipped
+    # the numbers drawn, on the figure itself (a Figure takes new attributes; its stub has none)
+    fig.points = points  # type: ignore[attr-defined]
+    fig.skipped = skipped  # type: ignore[attr-defined]
     on = list(dict.fromkeys(p.label for p in points if p.on_frontier))
     fixed = [p for p in points if p.limit is None]
     missing = [name + (" at some limits" if name in labels else "") for name in skipped]

@@ -59,7 +59,7 @@ def _unpack(obj: Any, inputs: Any, module: torch.nn.Module | None) -> tuple[Walk
         # without a module the graph is still drawn, with parameters unnamed and no groups
         analysis = analyze(outputs, list(ins), module if module is not None else torch.nn.Module())
         roots = [grad_node(t) for t in outputs]
-        shapes = [tuple(t.shape) for t in outputs]
+        shapes: list[tuple[int, ...] | None] = [tuple(t.shape) for t in outputs]
     elif hasattr(obj, "reverse_graph") and hasattr(obj, "groups"):
         analysis = obj
         # the outputs are the nodes nobody consumes, first in the reverse graph's order
@@ -225,7 +225,7 @@ def draw_graph(
             dot.node(bid, label, **attrs)
             continue
         g = members[0]
-        attrs: dict[str, str] = {}
+        attrs = {}  # dict[str, str], as collapsed_box's above
         fill, dim = _phase_fill(in_closure[0], phases, highlight)
         if g.kind == "param":
             attrs.update(shape="box", style="filled")

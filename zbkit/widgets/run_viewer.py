@@ -92,7 +92,7 @@ class RunViewer(Offline, w.VBox):
             header += ["sim: busy", "sim: idle"]
         rows = []
         for r in shown:
-            row = [r]
+            row: list[int | str] = [r]
             for spans in (run, sim) if self.sim else (run,):
                 lo, hi, busy = spans.get(r, (0.0, 0.0, 0.0))
                 row += [f"{busy:.4g}", f"{_idle(hi - lo, busy):.4g}"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import ipywidgets as w
 import torch
@@ -16,6 +16,7 @@ from IPython.display import display
 
 from zbkit.splitgrad import analyze, stage_backward_input, stage_backward_weight
 from zbkit.viz import draw_graph
+from zbkit.viz.graph import Phase
 from zbkit.widgets._common import Offline, as_tensors, table_html
 
 _PHASES = ("F", "I", "W")
@@ -163,7 +164,7 @@ class SplitBackwardStepper(Offline, w.VBox):
         self.status.value = f"<p>phase <b>{self.phase}</b>: {html.escape(said)}</p>"
         self.table.value = self._table()
         if self.analysis is not None:
-            phase = self.phase if self.phase in _PHASES else None
+            phase = cast(Phase, self.phase) if self.phase in _PHASES else None
             self.graph = draw_graph(self.analysis, highlight=phase)
             display(self.graph)
 
