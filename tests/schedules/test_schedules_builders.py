@@ -88,6 +88,11 @@ def test_zb_v_zero_bubble_at_1f1b_peak_memory():
 
 
 def test_builders_refuse_bad_options():
+    # issue 15's sibling: a costs string was read as a list of its characters
+    with pytest.raises(ValueError, match=r"got str '1,1,1' \(Costs.parse\('1,1,1'\) reads"):
+        build_schedule("zb-auto", pp=2, microbatches=4, costs="1,1,1")
+    with pytest.raises(ValueError, match="got dict"):
+        simulate(build_schedule("1f1b", pp=2, microbatches=2), {"F": 1})
     with pytest.raises(ValueError, match="takes no costs"):
         build_schedule("1f1b", pp=2, microbatches=2, costs=EQUAL)
     # zb-v with costs or a limit is zb-auto's V search, under the same name

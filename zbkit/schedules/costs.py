@@ -64,9 +64,15 @@ def per_stage(costs: Costs | Sequence[Costs] | None, num_stages: int, who: str =
         return [Costs()] * num_stages
     if isinstance(costs, Costs):
         return [costs] * num_stages
+    prefix = f"{who}: " if who else ""
+    if isinstance(costs, str) or not isinstance(costs, Sequence):
+        hint = f" (Costs.parse({costs!r}) reads that form)" if isinstance(costs, str) else ""
+        raise ValueError(
+            f"{prefix}costs must be one Costs or a list of {num_stages} (one per stage), got "
+            f"{type(costs).__name__} {costs!r}{hint}"
+        )
     costs = list(costs)
     if len(costs) != num_stages or not all(isinstance(c, Costs) for c in costs):
-        prefix = f"{who}: " if who else ""
         raise ValueError(
             f"{prefix}costs must be one Costs or a list of {num_stages} (one per stage), "
             f"got {len(costs)} items"
