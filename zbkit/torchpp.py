@@ -129,7 +129,12 @@ def stage_backward_weight(
     finished by torch's function, since zbkit cannot redo an I it did not run.
     """
     if not isinstance(param_groups, ExactParamGroups):
-        return torch_backward.stage_backward_weight(weights, param_groups, retain_graph)
+        # torch annotates Iterator[Parameter]; its loop takes any iterable of tensors
+        return torch_backward.stage_backward_weight(
+            weights,  # type: ignore[arg-type]
+            param_groups,
+            retain_graph,
+        )
     return splitgrad.stage_backward_weight(weights, param_groups.pending, retain_graph=retain_graph)
 
 
