@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from zbkit.schedules import _engine
 from zbkit.schedules.action import KINDS, PARTS, Action, Overlap
@@ -18,7 +19,6 @@ from zbkit.schedules.events import (
     CommEvent,
     Event,
     bubble_rate,
-    memory_deltas,
     memory_steps,
 )
 from zbkit.schedules.plan import Comm, CommOp, derive_plan
@@ -128,6 +128,10 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     new = tuple.__new__
     events: list[Event] = []
     starts, ends, busy = [], [], []
+    # each (stage, kind)'s memory change (`Costs.memory`, the one memory rule), asked once
+    change = {(s, k): c.memory(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
+    deltas: list[float] = []
+    peak: list[float] = []
     for rank in range(schedule.pp):
         spans, before = times[rank], len(events)
         # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
@@ -144,20 +148,15 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
                     events.append(Event(rank, a.stage, a.kind, a.microbatch, start, end))
                 else:
                     events += _halves(rank, a, start, end, per_stage_costs)
-        # a rank runs one action at a time in program order: its span is first start to
-        # last end (the numbers rank_spans gives for any events)
+        mine = [change[a.stage, a.kind] for a in schedule.actions(rank)]
+        deltas += mine
+        # one action at a time in program order: the peak is the running maximum of the
+        # changes in that order (what memory_steps' levels reach, without sorting them)
+        peak.append(max(0.0, max(accumulate(mine), default=0.0)))
+        # its span is first start to last end (the numbers rank_spans gives for any events)
         starts.append(spans[0][0] if spans else 0.0)
         ends.append(spans[-1][1] if spans else 0.0)
         busy.append(sum(end - start for start, end in spans))
-    deltas = memory_deltas(events, per_stage_costs)
-    # a rank runs one action at a time in program order: its peak is the running maximum of
-    # its changes in that order (what memory_steps' levels reach, without sorting them)
-    held, peak = [0.0] * schedule.pp, [0.0] * schedule.pp
-    for e, delta in zip(events, deltas, strict=True):
-        r = e[0]
-        level = held[r] = held[r] + delta
-        if level > peak[r]:
-            peak[r] = level
     span = [e - s for s, e in zip(starts, ends, strict=True)]
     # ideal work of the busiest rank: m * sum over its stages of (F + I + W); with one
     # Costs for all stages this is m * v * (F + I + W)
