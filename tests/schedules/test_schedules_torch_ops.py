@@ -195,3 +195,15 @@ def test_dualpipev_gains_only_what_its_pairs_hide():
         assert simulate(dual, hides).makespan < simulate(zbv, hides).makespan
         # memory: one chunk more than ZB-V's 2p at the peak (measured 2p + 1)
         assert max(simulate(dual, plain).peak_memory) == 2 * p + 1
+
+
+def test_the_grid_shows_the_transfers_and_fsdp_actions_in_their_places():
+    text = rows_text(torch_schedule("ScheduleDualPipeV", 2, 4).pipeline_order_with_comms)
+    loaded = Schedule.from_csv(text)
+    grid = loaded.to_grid(comms=True).splitlines()
+    assert grid[1].split()[2:] == text.splitlines()[0].split(",")  # rank 0's row, cell by cell
+    assert "0UNSHARD" not in loaded.to_grid()  # the compute grid stays compute only
+    built = build_schedule("1f1b", pp=2, microbatches=2)  # derived for a schedule zbkit built
+    rows = [line.split()[2:] for line in built.to_grid(comms=True).splitlines()[1:]]
+    assert rows == [line.split(",") for line in built.to_csv(comms=True).splitlines()]
+    assert rows[0][:2] == ["0F0", "0SEND_F0"] and rows[1][:2] == ["1RECV_F0", "1F0"]

@@ -94,8 +94,8 @@ def main(args: argparse.Namespace) -> int:
     print(repr(schedule))
     if _searches(args) and not args.load:
         print(f"{args.name} kept: {chosen.name} ({chosen.reason})")
-    if schedule.pp <= _GRID_RANKS:
-        print(schedule.to_grid())
+    if schedule.pp <= _GRID_RANKS:  # a loaded torch file's transfers and FSDP actions too
+        print(schedule.to_grid(comms=any(schedule.torch_ops.values())))
     else:
         print(f"(grid not printed above {_GRID_RANKS} ranks; --save PATH writes it as CSV)")
     print(f"\ncosts: {costs}")

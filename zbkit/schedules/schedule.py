@@ -89,8 +89,14 @@ class Schedule:
     def __str__(self) -> str:
         return self.to_grid()
 
-    def to_grid(self, marks: Sequence[tuple[int, int]] = ()) -> str:
-        """Rank-by-step grid; `marks` = (rank, position) cells to flag `<-- ERROR HERE`."""
+    def to_grid(self, marks: Sequence[tuple[int, int]] = (), comms: bool = False) -> str:
+        """Rank-by-step grid; `marks` = (rank, position) cells to flag `<-- ERROR HERE`.
+        `comms=True`: torch's lowered rows, its transfers and FSDP actions in their places
+        (the loaded `torch_ops`, else the transfers `to_csv(comms=True)` would write)."""
+        if comms:
+            ops = self.torch_ops if any(self.torch_ops.values()) else derive_torch_ops(self)
+            rows = {r: self.row(r, ops.get(r, [])) for r in range(self.pp)}
+            return render_grid(rows, marks, window=bool(marks))
         return render_grid(self.program, marks, window=bool(marks))
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython: show the grid
