@@ -170,15 +170,15 @@ def _fault_case(case: str, group, timeout: float) -> None:
         mods[2] = Raises()
     if case == "non-dict output" and rank == 3:
 
-        class Tuple(nn.Module):
+        class ListOut(nn.Module):  # a Tensor or a tuple would run (torch's forms); a list not
             def __init__(self):
                 super().__init__()
                 self.head = nn.Linear(6, 2)
 
             def forward(self, x, skip, ids):
-                return (self.head(x),)
+                return [self.head(x), 3]
 
-        mods[3] = Tuple()
+        mods[3] = ListOut()
     stages = [PipelineStage(mods[s], s, sch.num_stages) for s in sch.stages_on(rank)]
     runner = ScheduleRunner(sch, stages, loss_fn, group=group, timeout=timeout)
     targets = None if case == "missing target" else y

@@ -100,7 +100,8 @@ def test_faults_raise_clear_errors_and_never_hang() -> None:
     assert changed.startswith("ValueError") and "x: float32[2, 12]" in changed, changed
     first = "first message on that edge had {ids: int64[2], skip: float32[2, 6], x: float32[2, 6]}"
     assert first in changed, changed
-    assert "stage 3 microbatch 0: a stage module must return dict" in got["non-dict output", 3]
+    says = "stage 3 microbatch 0: a stage module must return a Tensor, a tuple of Tensors"
+    assert says in got["non-dict output", 3]
     # every waiting rank gives up after the timeout and names the action it waited for
     waiting = {"shape mismatch": {0: "0B0", 2: "2F0", 3: "3F0"},
                "stage raises": {0: "0B0", 1: "1B0", 3: "3F0"},
