@@ -103,15 +103,18 @@ class SplitBackwardStepper(Offline, w.VBox):
 
     def step(self, kind: str) -> None:
         """Press a button from code: "F", "I", "W" or "reset"."""
+        # refused before the Output context: inside IPython, Output shows an exception and
+        # swallows it, and the caller would never hear of it
+        if kind not in _BUTTON_TEXT:
+            raise ValueError(f"step({kind!r}): use one of {', '.join(_BUTTON_TEXT)}")
+        second_w = kind == "W" and self.phase == "W"  # the library refuses it; the widget says why
+        if not second_w and kind != "reset" and kind != _NEXT[self.phase]:
+            raise RuntimeError(f"step {kind} now is out of order: next is {_NEXT[self.phase]}")
         with self.out:
             self.out.clear_output(wait=True)
-            if kind not in _BUTTON_TEXT:
-                raise ValueError(f"step({kind!r}): use one of {', '.join(_BUTTON_TEXT)}")
-            if kind == "W" and self.phase == "W":  # a second W: the library refuses; say why
+            if second_w:
                 self._second_weight_pass()
                 return
-            if kind != "reset" and kind != _NEXT[self.phase]:
-                raise RuntimeError(f"step {kind} now is out of order: next is {_NEXT[self.phase]}")
             if kind in ("reset", "F"):
                 for p in self.weights:
                     p.grad = None  # start from empty .grad, so the table shows one step's work
