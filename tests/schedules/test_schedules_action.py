@@ -61,3 +61,12 @@ def test_names_are_the_contract():
         build_schedule("zb-h3", pp=2, microbatches=2)
     with pytest.raises(ValueError, match="pp must be an int >= 1"):
         build_schedule("1f1b", pp=0, microbatches=2)
+
+
+def test_a_trusted_action_is_the_same_action():
+    a, b = Action.trusted(1, "I", 2), Action(1, "I", 2)
+    assert a == b and hash(a) == hash(b) and str(a) == "1I2" and a < Action(1, "I", 3)
+    # the V builders make theirs this way: the same programs as a checked construction
+    s = build_schedule("v-half", pp=3, microbatches=6)
+    assert s.program == {r: [Action(a.stage, a.kind, a.microbatch) for a in row]
+                         for r, row in s.program.items()}  # fmt: skip
