@@ -42,6 +42,12 @@ _EPS = 1e-9
 _BEFORE = {("F", 1): ("F", 0), ("I", 0): ("F", 1), ("I", 1): ("I", 0)}  # on the same rank
 
 
+def _own_input(key: tuple[int, str, int]) -> tuple[int, str, int] | None:
+    """(rank, kind, leg) of what `key`'s action needs first on its own rank, or None."""
+    before = _BEFORE.get(key[1:])
+    return None if before is None else (key[0], *before)
+
+
 class _Build:
     """One build (phases 1-4) for one variant and one set of approved bubbles."""
 
@@ -75,6 +81,18 @@ class _Build:
         self.order: list[list[tuple[int, str, int]]] = [[] for _ in range(p)]  # (stage, kind, j)
         self.approved = approved
         self.most_approved = max(approved)
+        # per (rank, kind, leg), read once per action: stage, duration, memory change, and
+        # the key prefix of what it needs on its own rank (None: nothing)
+        self.info = {
+            key: (
+                self.stage[key],
+                self.dur[key],
+                self.mem[key],
+                (key[0], "I", key[2]) if key[1] == "W" else _own_input(key),
+            )
+            for key in self.stage
+        }
+        self.started = [False] * p  # whether the rank ran its first forward
 
     # ---- the rank's bookkeeping ----
 
@@ -103,34 +121,40 @@ class _Build:
 
     def put(self, r: int, kind: str, leg: int) -> None:
         key = (r, kind, leg)
+        stage, dur, mem, before = self.info[key]
         j = self.count[key]
         if j >= self.m:
             raise ValueError(f"rank {r}: no {kind} left on leg {leg}")
-        if self.held[r] + self.mem[key] > self.limit + _EPS:
+        if self.held[r] + mem > self.limit + _EPS:
             raise ValueError(f"memory_limit={self.limit:g}: rank {r} has no room for {kind}")
-        before = ("I", leg) if kind == "W" else _BEFORE.get((kind, leg))
-        if before and (r, *before, j) not in self.end:
+        end = self.end
+        if before is not None and before + (j,) not in end:
             raise ValueError(f"rank {r}: {kind} {j} on leg {leg} before its own input")
-        start = self.free[r]
-        src = self.source(r, kind, leg)
-        if src is not None:
-            if src not in self.end:
+        free = start = self.free[r]
+        if kind != "W" and (r > 0 if leg == 0 else r < self.p - 1):
+            src = (r - 1 if leg == 0 else r + 1, kind, leg, j)
+            ready = end.get(src)
+            if ready is None:
                 raise ValueError(f"rank {r}: {kind} {j} on leg {leg} before its input")
-            start = max(start, self.end[src] + self.comm[src[0]])
-        if self.count[r, "F", 0]:
-            if start > self.free[r]:
-                self.bubble[r] += start - self.free[r]
-                self.worst = max(self.worst, self.bubble[r])
-                if self.work[r] + self.bubble[r] > self.give_up:
-                    raise Slower(f"rank {r}: work {self.work[r]:.6g} + bubble {self.bubble[r]:.6g}")
+            ready += self.comm[src[0]]
+            if ready > start:
+                start = ready
+        if self.started[r]:
+            if start > free:
+                bubble = self.bubble[r] = self.bubble[r] + start - free
+                if bubble > self.worst:
+                    self.worst = bubble
+                if self.work[r] + bubble > self.give_up:
+                    raise Slower(f"rank {r}: work {self.work[r]:.6g} + bubble {bubble:.6g}")
         elif kind == "F":
             self.first[r] = start
-        self.free[r] = self.end[r, kind, leg, j] = start + self.dur[key]
-        self.held[r] += self.mem[key]
-        self.count[key] += 1
+            self.started[r] = leg == 0 or self.started[r]
+        self.free[r] = end[r, kind, leg, j] = start + dur
+        self.held[r] += mem
+        self.count[key] = j + 1
         if kind == "I":
             self.pending[r].append(leg)
-        self.order[r].append((self.stage[key], kind, j))
+        self.order[r].append((stage, kind, j))
 
     def put_w(self, r: int) -> None:
         if not self.pending[r]:
