@@ -213,6 +213,13 @@ def _drive(page, port: int) -> None:
     stepper.get_by_text("I done").wait_for()
     assert "filled" in stepper.inner_text() and "empty" in stepper.inner_text()
     stepper.screenshot(path=str(SHOTS / "06-stepper-after-I.png"))
+    # W, then W again: the button stays live and the widget says why the library refuses
+    stepper.locator(".zb-step-W").click()
+    stepper.get_by_text("W done").wait_for()
+    assert stepper.locator(".zb-step-W").is_enabled()
+    stepper.locator(".zb-step-W").click()
+    stepper.get_by_text("W refused").wait_for()
+    assert "already ran" in stepper.inner_text()
 
     # the schedule explorer: one step of the pp slider redraws with other numbers
     explorer = page.locator(".zb-schedule-explorer")
@@ -229,3 +236,15 @@ def _drive(page, port: int) -> None:
     assert explorer.locator(".zb-ctl-pp .widget-readout").inner_text().strip() == "5"
     assert explorer.locator("img").get_attribute("src") != src_before
     explorer.screenshot(path=str(SHOTS / "07-schedule-explorer-pp5.png"))
+    # wide tracks (a 64 px one made pp jump from 4 to 16 in one drag), labels not cut
+    track = explorer.locator(".zb-ctl-pp .noUi-target").bounding_box()
+    assert track is not None and track["width"] >= 150, track  # 174 px measured
+    label = explorer.locator(".zb-ctl-limit .widget-label").first
+    assert label.inner_text().strip() == "memory limit"
+    assert label.evaluate("e => e.scrollWidth <= e.clientWidth + 1")  # nothing cut
+    # a combination that cannot be built: one line in the widget, no traceback
+    explorer.locator(".zb-ctl-schedule select").select_option("interleaved-1f1b")  # m=8, pp=5
+    explorer.get_by_text("cannot build interleaved-1f1b").wait_for()
+    shown = explorer.inner_text()
+    assert "Traceback" not in shown and "multiple of pp=5" in shown
+    explorer.screenshot(path=str(SHOTS / "08-schedule-explorer-cannot-build.png"))

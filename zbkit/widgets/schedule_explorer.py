@@ -129,7 +129,11 @@ class ScheduleExplorer(Offline, w.VBox):
             except ValueError as err:  # e.g. m not a multiple of pp: one line, keep the old plot
                 self.error = err
                 line = html.escape(str(err).splitlines()[0])
-                self.numbers.value = f"<p style='color:#b00'>cannot build {name}: {line}</p>"
+                shown = self.simulation.schedule.name if self.simulation is not None else None
+                below = f" (below: the last one built, {shown})" if shown else ""
+                self.numbers.value = (
+                    f"<p style='color:#b00'>cannot build {name}: {line}{html.escape(below)}</p>"
+                )
                 return
             self.error = None
             self.simulation = simulate(schedule, costs, check=False)
