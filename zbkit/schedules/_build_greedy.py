@@ -22,16 +22,43 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable, Iterable
 
 from zbkit.schedules.action import Action
 from zbkit.schedules.simulate import Costs
 
 _EPS = 1e-9
-SPLIT = ("F", "I", "W")  # the kinds these schedulers emit: the backward split, never a B
+SPLIT = ("F", "I", "W")
+Program = dict[int, list[Action]]  # the kinds these schedulers emit: the backward split, never a B
 
 
 class Slower(Exception):
     """`greedy` gave up: a rank's span is sure to exceed `give_up` (the message says how)."""
+
+
+def fastest_variant(
+    variants: Iterable[tuple], build: Callable[..., tuple[Program, float]], give_up: float
+) -> Program:
+    """The program of `build(*variant, beat)` with the shortest longest rank span, each
+    variant told to give up (`Slower`) once it must end slower than the best so far:
+    ValueError if none fits, `Slower` if none can end within `give_up`; ties keep the first."""
+    best: tuple[Program, float] | None = None
+    why, slower = "", None
+    for variant in variants:
+        beat = min(give_up, best[1]) if best else give_up
+        try:
+            program, span = build(*variant, beat)
+        except ValueError as err:
+            why = str(err)
+            continue
+        except Slower as err:
+            slower = err
+            continue
+        if best is None or span < best[1] - _EPS * max(1.0, abs(span)):
+            best = (program, span)
+    if best is None:
+        raise slower or ValueError(why)
+    return best[0]
 
 
 def _tables(costs: list[Costs]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules._build_greedy import SPLIT, Slower, _tables
+from zbkit.schedules._build_greedy import SPLIT, Slower, _tables, fastest_variant
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
@@ -175,19 +175,8 @@ def best_heuristic(
 ) -> dict[int, list[Action]]:
     """The fastest of the eight variants that fit `memory_limit`: ValueError if none does,
     `Slower` if none can end within `give_up`."""
-    best, why, slower = None, "", None
-    for early, skip, overrun in itertools.product((True, False), repeat=3):
-        beat = min(give_up, best[1]) if best else give_up
-        try:
-            program, span = heuristic(costs, m, memory_limit, early, skip, overrun, beat)
-        except ValueError as err:
-            why = str(err)
-            continue
-        except Slower as err:
-            slower = err
-            continue
-        if best is None or span < best[1] - _EPS:
-            best = (program, span)
-    if best is None:
-        raise slower or ValueError(why)
-    return best[0]
+
+    def build(early: bool, skip: bool, overrun: bool, beat: float):
+        return heuristic(costs, m, memory_limit, early, skip, overrun, beat)
+
+    return fastest_variant(itertools.product((True, False), repeat=3), build, give_up)

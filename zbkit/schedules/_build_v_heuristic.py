@@ -34,7 +34,7 @@ import itertools
 import math
 from collections import deque
 
-from zbkit.schedules._build_greedy import SPLIT, Slower, _tables
+from zbkit.schedules._build_greedy import SPLIT, Slower, _tables, fastest_variant
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
@@ -294,19 +294,8 @@ def best_v_heuristic(
 ) -> dict[int, list[Action]]:
     """The best of the four variants (smallest longest rank span): ValueError if none fits
     the limit, `Slower` if none can end within `give_up`."""
-    best, why, slower = None, "", None
-    for fill_i, fill_f in itertools.product((True, False), repeat=2):
-        beat = min(give_up, best[1]) if best else give_up
-        try:
-            program, span = v_heuristic(costs, m, memory_limit, fill_i, fill_f, beat)
-        except ValueError as err:
-            why = str(err)
-            continue
-        except Slower as err:
-            slower = err
-            continue
-        if best is None or span < best[1] - _EPS * max(1.0, abs(span)):
-            best = (program, span)
-    if best is None:
-        raise slower or ValueError(why)
-    return best[0]
+
+    def build(fill_i: bool, fill_f: bool, beat: float):
+        return v_heuristic(costs, m, memory_limit, fill_i, fill_f, beat)
+
+    return fastest_variant(itertools.product((True, False), repeat=2), build, give_up)
