@@ -17,17 +17,18 @@ Once installed, a rank prints a report and exits with code 3 when
 
 The report: the rank, why; the Python stack of every thread; and the schedule's rank-by-step
 grid with the action this rank waits for marked ``<-- WAITING HERE``. zbkit's
-``ScheduleRunner`` says where it is (its step's position); for torch's multi-stage schedules
-(interleaved, zero bubble, ZBV, DualPipeV) the action is read from their step loop and
-marked in ``schedule`` (or in the grid of torch's own ``pipeline_order``; this reading is
-not yet tested on a torch run). torch's single-stage ``ScheduleGPipe`` / ``Schedule1F1B``
-keep no current action: for them, as for any other blocking wait, the report has the stacks
-and no mark.
+``ScheduleRunner`` says where it is (its step's position). For torch's schedules, pass the
+schedule object itself (``install(timeout=60, schedule=torch_schedule)``): install counts the
+compute actions each of its steps starts and finishes (``_TorchProgress``), and the report
+marks, in the grid of ``Schedule.from_torch(torch_schedule)``, the action in progress (started,
+not finished) or else the next one in this rank's program. Any other wait (outside a step, or
+with no schedule given) gets the stacks and no mark.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import select
 import signal
@@ -35,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -50,7 +52,7 @@ _ERROR, _WAITING = "<-- ERROR HERE", "<-- WAITING HERE"
 
 def install(
     timeout: float = 300.0,
-    schedule: Schedule | None = None,
+    schedule: Schedule | object | None = None,
     *,
     exit_code: int = EXIT_CODE,
     stream: TextIO | None = None,
@@ -61,7 +63,9 @@ def install(
     Args:
         timeout: seconds the main thread may sit on one line inside a wait.
         schedule: the zbkit ``Schedule`` to draw when the wait is not in a zbkit
-            ``ScheduleRunner`` (which knows its own), e.g. torch's schedule loaded in zbkit.
+            ``ScheduleRunner`` (which knows its own); or a torch.distributed.pipelining
+            schedule object, whose stages' methods and ``step`` are then wrapped to count
+            the actions it runs (undone by ``uninstall``).
         exit_code: the process's exit status after a report.
         stream: where the report goes (default: ``sys.stderr``).
     """
@@ -80,10 +84,22 @@ class Watchdog:
     active: Watchdog | None = None  # the installed one (hooks and signals are per process)
 
     def __init__(
-        self, timeout: float, schedule: Schedule | None, exit_code: int, stream: TextIO | None
+        self,
+        timeout: float,
+        schedule: Schedule | object | None,
+        exit_code: int,
+        stream: TextIO | None,
     ) -> None:
+        from zbkit.schedules import Schedule
+
         self.timeout = timeout
-        self.schedule = schedule
+        self.schedule: Schedule | None = None  # drawn when the wait is not in a zbkit runner
+        self.torch: _TorchProgress | None = None
+        if isinstance(schedule, Schedule):
+            self.schedule = schedule
+        elif schedule is not None:  # a torch schedule: counted as it runs, drawn as zbkit loads it
+            self.torch = _TorchProgress(schedule)
+            self.schedule = self.torch.schedule
         self.exit_code = exit_code
         self.stream = stream
         self._main = threading.main_thread()
@@ -106,6 +122,8 @@ class Watchdog:
             self._wake = (r, w)
             self._saved["wakeup"] = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
             self._saved["sigterm"] = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self.torch is not None:
+            self.torch.wrap()
         Watchdog.active = self
         self._thread.start()
 
@@ -121,6 +139,8 @@ class Watchdog:
             for fd in self._wake:
                 os.close(fd)
             self._wake = None
+        if self.torch is not None:
+            self.torch.unwrap()
         if Watchdog.active is self:
             Watchdog.active = None
 
@@ -210,7 +230,10 @@ class Watchdog:
 
     def _finish(self, why: str, text: str, frames: list[FrameType]) -> None:
         spot = _locate(frames)
-        rank = spot[1] if spot is not None else os.environ.get("RANK", "?")
+        if spot is not None:
+            rank: object = spot[1]
+        else:
+            rank = self.torch.rank if self.torch is not None else os.environ.get("RANK", "?")
         head = f"=== zbkit.debug: rank {rank}: {why} ==="
         tail = f"=== zbkit.debug: rank {rank} exits with code {self.exit_code} ==="
         _write(self.stream, f"\n{head}\n{text}{tail}\n")
@@ -221,6 +244,8 @@ class Watchdog:
         if skip is not None:  # already in the text (the runner's own note)
             return skip
         spot = _locate(frames)
+        if spot is None and self.torch is not None:
+            return self.torch.report(frames)
         if spot is None:
             if self.schedule is None:
                 return "(no schedule known here: pass install(schedule=...) to draw one)\n"
@@ -232,6 +257,134 @@ class Watchdog:
         # Schedule.to_grid marks cells as errors; here the marked cell is where it waits
         grid = schedule.to_grid([(rank, position)]).replace(_ERROR, _WAITING)
         return f"rank {rank} waits at position {position}: {what}\n{grid}\n"
+
+
+# ---------------------------------------------------------------------- torch's schedules
+class _TorchProgress:
+    """Where this rank is in a step of a torch.distributed.pipelining schedule.
+
+    torch's single-stage loops (``Schedule1F1B``, ``ScheduleGPipe``) keep no current action,
+    but every torch schedule runs each compute action through one of three methods of its
+    stage (see ``zbkit/pipeline/torch_trace.py``). Those and the schedule's ``step`` are
+    wrapped on the objects themselves (instance attributes, put back by ``unwrap``) to count
+    the actions this step has started and finished. The n-th action to run is the n-th of
+    this rank's program, so the mark goes by position, not by name: torch 2.13's
+    ``Schedule1F1B`` numbers the last rank's forwards from 1 in its ``pipeline_order``.
+    """
+
+    def __init__(self, torch_schedule: Any) -> None:
+        from zbkit.pipeline.torch_trace import _METHODS
+        from zbkit.schedules import Schedule
+
+        stages = getattr(torch_schedule, "_stages", None) or [
+            getattr(torch_schedule, "_stage", None)
+        ]
+        if any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
+            raise TypeError(
+                "install(schedule=...) takes a zbkit Schedule or a torch.distributed.pipelining "
+                f"schedule object with its stages, got {type(torch_schedule).__name__}"
+            )
+        self.torch_schedule, self.stages = torch_schedule, list(stages)
+        self.name = f"torch's {type(torch_schedule).__name__}"
+        self.rank = int(stages[0].group_rank)  # the rank in the pipeline's group
+        self.schedule: Schedule | None = None
+        with contextlib.suppress(ValueError):  # torch draws no pipeline_order for it
+            self.schedule = Schedule.from_torch(torch_schedule)
+        self.steps = 0  # steps finished
+        self.stepping = False  # inside `step`
+        self.finished = 0  # compute actions this step has finished
+        self.running: str | None = None  # the one started and not finished ("0F1")
+        self.last: str | None = None  # the last one finished
+        self._saved: list[tuple[Any, str, Any]] = []  # (object, method, its instance attribute)
+
+    def wrap(self) -> None:
+        from zbkit.pipeline.torch_trace import _METHODS, _MISSING
+
+        targets = [(self.torch_schedule, "step", self._step(self.torch_schedule.step))]
+        for stage in self.stages:
+            targets += [(stage, name, self._action(stage, name)) for name in _METHODS]
+        for obj, name, wrapped in targets:
+            self._saved.append((obj, name, obj.__dict__.get(name, _MISSING)))
+            setattr(obj, name, wrapped)
+
+    def unwrap(self) -> None:
+        from zbkit.pipeline.torch_trace import _MISSING
+
+        while self._saved:
+            obj, name, before = self._saved.pop()
+            if before is _MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, before)
+
+    def _step(self, step: Callable) -> Callable:
+        def counted_step(*args: Any, **kwargs: Any) -> Any:
+            self.stepping, self.finished, self.running, self.last = True, 0, None, None
+            out = step(*args, **kwargs)
+            # on an error the counts stay as they were: the report says where it failed
+            self.stepping, self.steps = False, self.steps + 1
+            return out
+
+        return counted_step
+
+    def _action(self, stage: Any, name: str) -> Callable:
+        method = getattr(stage, name)  # torch's, or an outer wrapper (a trace_torch recorder)
+        signature = inspect.signature(method)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            microbatch = next(iter(bound.arguments.values()))  # fwd/bwd_chunk_id
+            if name == "forward_one_chunk":
+                kind = "F"
+            elif name == "backward_one_chunk":  # the whole backward, or its input half
+                kind = "B" if bound.arguments.get("full_backward", True) else "I"
+            else:
+                kind = "W"
+            self.running = f"{stage.stage_index}{kind}{microbatch}"
+            out = method(*args, **kwargs)  # an error leaves it running: where it failed
+            self.finished, self.last, self.running = self.finished + 1, self.running, None
+            return out
+
+        return counted
+
+    def position(self) -> int | None:
+        """The program item holding this step's action number `finished` (the one running,
+        or the next); None when all have finished. An overlapped pair is two actions."""
+        row = self.schedule.program.get(self.rank, []) if self.schedule is not None else []
+        count = 0
+        for position, item in enumerate(row):
+            count += len(item.halves)
+            if count > self.finished:
+                return position
+        return None
+
+    def report(self, frames: list[FrameType]) -> str:
+        """The line naming the action this rank waits on, and the grid with it marked."""
+        calls = [f.f_code.co_name for f in frames if "/torch/distributed/pipelining/" in
+                 f.f_code.co_filename.replace("\\", "/")][::-1]  # fmt: skip
+        inside = f"in torch: {' > '.join(calls)}\n" if calls else ""
+        grid = self.schedule.to_grid() if self.schedule is not None else ""
+        if not self.stepping:
+            line = f"rank {self.rank} is not in a step of {self.name} ({self.steps} finished)"
+            return f"{line}\n{inside}{grid}\n"
+        position, done = self.position(), f"{self.finished} of this step's actions finished"
+        if position is None:  # all of this rank's program ran, or torch draws none
+            where = f"in {self.running}" if self.running else f"after {self.last or 'its start'}"
+            return f"rank {self.rank} waits {where} ({self.name}: {done})\n{inside}{grid}\n"
+        assert self.schedule is not None  # a position is counted in its program
+        cell = str(self.schedule.program[self.rank][position])
+        if self.running is not None:
+            line = f"waits in {cell} ({self.name}, position {position}: started, not finished)"
+            if self.running not in cell.split("+"):  # torch's order names it otherwise
+                line += f"; torch runs it as {self.running}"
+        elif self.finished == 0:
+            line = f"waits before {cell} ({self.name}, position {position}: the step's first "
+            line += "action; none started yet)"
+        else:
+            line = f"waits before {cell} ({self.name}, position {position}: the next action; "
+            line += f"{done}, the last {self.last})"
+        grid = self.schedule.to_grid([(self.rank, position)]).replace(_ERROR, _WAITING)
+        return f"rank {self.rank} {line}\n{inside}{grid}\n"
 
 
 # ---------------------------------------------------------------------- reading the frames
@@ -254,14 +407,12 @@ def _waiting(frame: FrameType) -> bool:
 
 def _locate(frames: list[FrameType]) -> tuple[Schedule | None, int, int, str] | None:
     """(schedule, rank, position in its program, what it waits for), from the innermost
-    frame of a pipeline step: zbkit's ``ScheduleRunner.step`` or torch's step loop."""
+    frame of zbkit's ``ScheduleRunner.step`` (torch's schedules: ``_TorchProgress``)."""
     for f in frames:
         path = f.f_code.co_filename.replace("\\", "/")
         name = f.f_code.co_name
         if name == "step" and path.endswith("/zbkit/pipeline/runner.py"):
             return _zbkit_spot(f.f_locals)
-        if name == "_step_microbatches" and "/torch/distributed/pipelining/" in path:
-            return _torch_spot(f.f_locals)
     return None
 
 
@@ -283,31 +434,6 @@ def _zbkit_spot(local: dict[str, Any]) -> tuple[Schedule, int, int, str]:
     if done >= len(program) and not sending:
         what = f"the end of the step (sends still on the wire, or averaging gradients after {what})"
     return runner.schedule, runner.rank, position, what
-
-
-def _torch_spot(local: dict[str, Any]) -> tuple[Schedule | None, int, int, str] | None:
-    # torch's multi-stage schedules walk `for time_step, action in enumerate(order[rank])`
-    sched, action = local.get("self"), local.get("action")
-    rank = getattr(sched, "rank", None)
-    order = getattr(sched, "pipeline_order", None)
-    if action is None or rank is None or not order:
-        return None
-    from zbkit.schedules import Schedule
-
-    rows = {r: [str(a) for a in row if a is not None] for r, row in order.items()}
-    try:
-        schedule = Schedule.from_program(rows, name=f"torch {type(sched).__name__}")
-    except ValueError:  # an order zbkit cannot read: the stacks still say where it waits
-        schedule = None
-    text = str(action)
-    row = rows.get(rank, [])
-    # a compute action is itself in the program; a transfer serves its stage's F or backward
-    stage, mb, op = action.stage_index, action.microbatch_index, str(action.computation_type)
-    wanted = [text] if text in row else [f"{stage}F{mb}"]
-    if "RECV_B" in op or "SEND_B" in op:
-        wanted = [f"{stage}{k}{mb}" for k in "IB"]
-    position = next((i for i, a in enumerate(row) for w in wanted if w in a.split("+")), 0)
-    return schedule, rank, position, f"torch's action {text}"
 
 
 def _write(stream: TextIO | None, text: str) -> None:
