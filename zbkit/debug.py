@@ -19,7 +19,7 @@ The report: the rank, why; the Python stack of every thread; and the schedule's 
 grid with the action this rank waits for marked ``<-- WAITING HERE``. zbkit's
 ``ScheduleRunner`` says where it is (its step's position). For torch's schedules, pass the
 schedule object itself (``install(timeout=60, schedule=torch_schedule)``): install counts the
-compute actions each of its steps starts and finishes (``_TorchProgress``), and the report
+compute actions each of its steps starts and finishes (``TorchProgress``), and the report
 marks, in the grid of ``Schedule.from_torch(torch_schedule)``, the action in progress (started,
 not finished) or else the next one in this rank's program. Any other wait (outside a step, or
 with no schedule given) gets the stacks and no mark.
@@ -28,7 +28,6 @@ with no schedule given) gets the stacks and no mark.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import select
 import signal
@@ -36,9 +35,12 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
+
+from zbkit._debug_torch import ERROR as _ERROR
+from zbkit._debug_torch import WAITING as _WAITING
+from zbkit._debug_torch import TorchProgress
 
 if TYPE_CHECKING:
     from zbkit.schedules import Schedule
@@ -47,7 +49,6 @@ __all__ = ["Watchdog", "install"]
 
 EXIT_CODE = 3  # a hang or a failed wait: apart from Python's 1 (an error) and torch's codes
 _WAITS = ("/torch/distributed/", "/zbkit/pipeline/", "/zbkit/parallel/")  # files that wait
-_ERROR, _WAITING = "<-- ERROR HERE", "<-- WAITING HERE"
 
 
 def install(
@@ -94,11 +95,11 @@ class Watchdog:
 
         self.timeout = timeout
         self.schedule: Schedule | None = None  # drawn when the wait is not in a zbkit runner
-        self.torch: _TorchProgress | None = None
+        self.torch: TorchProgress | None = None
         if isinstance(schedule, Schedule):
             self.schedule = schedule
         elif schedule is not None:  # a torch schedule: counted as it runs, drawn as zbkit loads it
-            self.torch = _TorchProgress(schedule)
+            self.torch = TorchProgress(schedule)
             self.schedule = self.torch.schedule
         self.exit_code = exit_code
         self.stream = stream
@@ -259,134 +260,6 @@ class Watchdog:
         return f"rank {rank} waits at position {position}: {what}\n{grid}\n"
 
 
-# ---------------------------------------------------------------------- torch's schedules
-class _TorchProgress:
-    """Where this rank is in a step of a torch.distributed.pipelining schedule.
-
-    torch's single-stage loops (``Schedule1F1B``, ``ScheduleGPipe``) keep no current action,
-    but every torch schedule runs each compute action through one of three methods of its
-    stage (see ``zbkit/pipeline/torch_trace.py``). Those and the schedule's ``step`` are
-    wrapped on the objects themselves (instance attributes, put back by ``unwrap``) to count
-    the actions this step has started and finished. The n-th action to run is the n-th of
-    this rank's program, so the mark goes by position, not by name: torch 2.13's
-    ``Schedule1F1B`` numbers the last rank's forwards from 1 in its ``pipeline_order``.
-    """
-
-    def __init__(self, torch_schedule: Any) -> None:
-        from zbkit.pipeline.torch_trace import _METHODS
-        from zbkit.schedules import Schedule
-
-        stages = getattr(torch_schedule, "_stages", None) or [
-            getattr(torch_schedule, "_stage", None)
-        ]
-        if any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
-            raise TypeError(
-                "install(schedule=...) takes a zbkit Schedule or a torch.distributed.pipelining "
-                f"schedule object with its stages, got {type(torch_schedule).__name__}"
-            )
-        self.torch_schedule, self.stages = torch_schedule, list(stages)
-        self.name = f"torch's {type(torch_schedule).__name__}"
-        self.rank = int(stages[0].group_rank)  # the rank in the pipeline's group
-        self.schedule: Schedule | None = None
-        with contextlib.suppress(ValueError):  # torch draws no pipeline_order for it
-            self.schedule = Schedule.from_torch(torch_schedule)
-        self.steps = 0  # steps finished
-        self.stepping = False  # inside `step`
-        self.finished = 0  # compute actions this step has finished
-        self.running: str | None = None  # the one started and not finished ("0F1")
-        self.last: str | None = None  # the last one finished
-        self._saved: list[tuple[Any, str, Any]] = []  # (object, method, its instance attribute)
-
-    def wrap(self) -> None:
-        from zbkit.pipeline.torch_trace import _METHODS, _MISSING
-
-        targets = [(self.torch_schedule, "step", self._step(self.torch_schedule.step))]
-        for stage in self.stages:
-            targets += [(stage, name, self._action(stage, name)) for name in _METHODS]
-        for obj, name, wrapped in targets:
-            self._saved.append((obj, name, obj.__dict__.get(name, _MISSING)))
-            setattr(obj, name, wrapped)
-
-    def unwrap(self) -> None:
-        from zbkit.pipeline.torch_trace import _MISSING
-
-        while self._saved:
-            obj, name, before = self._saved.pop()
-            if before is _MISSING:
-                obj.__dict__.pop(name, None)
-            else:
-                setattr(obj, name, before)
-
-    def _step(self, step: Callable) -> Callable:
-        def counted_step(*args: Any, **kwargs: Any) -> Any:
-            self.stepping, self.finished, self.running, self.last = True, 0, None, None
-            out = step(*args, **kwargs)
-            # on an error the counts stay as they were: the report says where it failed
-            self.stepping, self.steps = False, self.steps + 1
-            return out
-
-        return counted_step
-
-    def _action(self, stage: Any, name: str) -> Callable:
-        method = getattr(stage, name)  # torch's, or an outer wrapper (a trace_torch recorder)
-        signature = inspect.signature(method)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            microbatch = next(iter(bound.arguments.values()))  # fwd/bwd_chunk_id
-            if name == "forward_one_chunk":
-                kind = "F"
-            elif name == "backward_one_chunk":  # the whole backward, or its input half
-                kind = "B" if bound.arguments.get("full_backward", True) else "I"
-            else:
-                kind = "W"
-            self.running = f"{stage.stage_index}{kind}{microbatch}"
-            out = method(*args, **kwargs)  # an error leaves it running: where it failed
-            self.finished, self.last, self.running = self.finished + 1, self.running, None
-            return out
-
-        return counted
-
-    def position(self) -> int | None:
-        """The program item holding this step's action number `finished` (the one running,
-        or the next); None when all have finished. An overlapped pair is two actions."""
-        row = self.schedule.program.get(self.rank, []) if self.schedule is not None else []
-        count = 0
-        for position, item in enumerate(row):
-            count += len(item.halves)
-            if count > self.finished:
-                return position
-        return None
-
-    def report(self, frames: list[FrameType]) -> str:
-        """The line naming the action this rank waits on, and the grid with it marked."""
-        calls = [f.f_code.co_name for f in frames if "/torch/distributed/pipelining/" in
-                 f.f_code.co_filename.replace("\\", "/")][::-1]  # fmt: skip
-        inside = f"in torch: {' > '.join(calls)}\n" if calls else ""
-        grid = self.schedule.to_grid() if self.schedule is not None else ""
-        if not self.stepping:
-            line = f"rank {self.rank} is not in a step of {self.name} ({self.steps} finished)"
-            return f"{line}\n{inside}{grid}\n"
-        position, done = self.position(), f"{self.finished} of this step's actions finished"
-        if position is None:  # all of this rank's program ran, or torch draws none
-            where = f"in {self.running}" if self.running else f"after {self.last or 'its start'}"
-            return f"rank {self.rank} waits {where} ({self.name}: {done})\n{inside}{grid}\n"
-        assert self.schedule is not None  # a position is counted in its program
-        cell = str(self.schedule.program[self.rank][position])
-        if self.running is not None:
-            line = f"waits in {cell} ({self.name}, position {position}: started, not finished)"
-            if self.running not in cell.split("+"):  # torch's order names it otherwise
-                line += f"; torch runs it as {self.running}"
-        elif self.finished == 0:
-            line = f"waits before {cell} ({self.name}, position {position}: the step's first "
-            line += "action; none started yet)"
-        else:
-            line = f"waits before {cell} ({self.name}, position {position}: the next action; "
-            line += f"{done}, the last {self.last})"
-        grid = self.schedule.to_grid([(self.rank, position)]).replace(_ERROR, _WAITING)
-        return f"rank {self.rank} {line}\n{inside}{grid}\n"
-
-
 # ---------------------------------------------------------------------- reading the frames
 def _outward(frame: FrameType | None) -> list[FrameType]:
     """``frame`` and its callers, innermost first."""
@@ -407,7 +280,7 @@ def _waiting(frame: FrameType) -> bool:
 
 def _locate(frames: list[FrameType]) -> tuple[Schedule | None, int, int, str] | None:
     """(schedule, rank, position in its program, what it waits for), from the innermost
-    frame of zbkit's ``ScheduleRunner.step`` (torch's schedules: ``_TorchProgress``)."""
+    frame of zbkit's ``ScheduleRunner.step`` (torch's schedules: ``TorchProgress``)."""
     for f in frames:
         path = f.f_code.co_filename.replace("\\", "/")
         name = f.f_code.co_name
