@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from zbkit.schedules import _engine
 from zbkit.schedules._bounds import lower_bound
@@ -148,12 +149,13 @@ def _search(problem: Problem, name: str) -> AutoSearch:
             best = candidates[min(scored)[2]].name
             rows[i] = Tried(candidate, None, None, f"stopped: slower than {best} ({err})")
             continue
-        peak = 0.0
-        for actions in program.values():
-            held = 0.0
-            for a in actions:
-                held += delta[a.stage, a.kind]
-                peak = max(peak, held)
+        # one action at a time per rank: its peak is the running maximum of its changes
+        peak = max(
+            (max(accumulate(delta[a.stage, a.kind] for a in actions), default=0.0)
+             for actions in program.values()),
+            default=0.0,
+        )  # fmt: skip
+        peak = max(peak, 0.0)
         if peak > limit + 1e-9:
             rows[i] = Tried(candidate, None, peak, "over the limit")
             continue

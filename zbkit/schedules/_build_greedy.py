@@ -180,14 +180,14 @@ def greedy(
                     continue
             if held[r] + mem[s]["F"] + reserve[s] > memory_limit + _EPS:
                 continue
-            return Action(s, "F", j)
+            return Action.trusted(s, "F", j)
         return None
 
     def decide(r: int, t: float) -> None:
         heap = ready_i[r]
         if heap and heap[0][0] <= t + _EPS:
             _, j, neg_s = heapq.heappop(heap)
-            return run(r, Action(-neg_s, "I", j), t)
+            return run(r, Action.trusted(-neg_s, "I", j), t)
         # an I already on its way (the next stage started it) is on the critical path:
         # with hold/fill > 0, do not start an F/W that would still run when it arrives
         soon = heap[0][0] - t if heap else None
@@ -202,7 +202,7 @@ def greedy(
             if fill > 0 and soon is not None and soon < fill * dur[s]["W"] - _EPS:
                 return
             pending_w[r].popleft()
-            return run(r, Action(s, "W", j), t)
+            return run(r, Action.trusted(s, "W", j), t)
 
     while left and times:
         t, r = heapq.heappop(times)
@@ -274,7 +274,7 @@ def sweep(
         held[s] += mem[s][kind]
         done[kind][s] = j + 1
         if actions:
-            program[s].append(Action(s, kind, j))
+            program[s].append(Action.trusted(s, kind, j))
         if kind == "F":
             f_end[s][j] = end
             if j == 0:
