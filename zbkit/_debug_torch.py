@@ -31,17 +31,14 @@ class TorchProgress:
     """
 
     def __init__(self, torch_schedule: Any) -> None:
-        from zbkit.pipeline.torch_trace import _METHODS
+        from zbkit.pipeline.torch_trace import MethodPatches, torch_stages
         from zbkit.schedules import Schedule
 
-        stages = getattr(torch_schedule, "_stages", None) or [
-            getattr(torch_schedule, "_stage", None)
-        ]
-        if any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
-            raise TypeError(
-                "install(schedule=...) takes a zbkit Schedule or a torch.distributed.pipelining "
-                f"schedule object with its stages, got {type(torch_schedule).__name__}"
-            )
+        stages = torch_stages(
+            torch_schedule,
+            "install(schedule=...) takes a zbkit Schedule or a torch.distributed.pipelining "
+            "schedule object with its stages",
+        )
         self.torch_schedule, self.stages = torch_schedule, list(stages)
         self.name = f"torch's {type(torch_schedule).__name__}"
         self.rank = int(stages[0].group_rank)  # the rank in the pipeline's group
@@ -53,27 +50,18 @@ class TorchProgress:
         self.finished = 0  # compute actions this step has finished
         self.running: str | None = None  # the one started and not finished ("0F1")
         self.last: str | None = None  # the last one finished
-        self._saved: list[tuple[Any, str, Any]] = []  # (object, method, its instance attribute)
+        self._patches = MethodPatches()
 
     def wrap(self) -> None:
-        from zbkit.pipeline.torch_trace import _METHODS, _MISSING
+        from zbkit.pipeline.torch_trace import _METHODS
 
-        targets = [(self.torch_schedule, "step", self._step(self.torch_schedule.step))]
+        self._patches.set(self.torch_schedule, "step", self._step(self.torch_schedule.step))
         for stage in self.stages:
-            targets += [(stage, name, self._action(stage, name)) for name in _METHODS]
-        for obj, name, wrapped in targets:
-            self._saved.append((obj, name, obj.__dict__.get(name, _MISSING)))
-            setattr(obj, name, wrapped)
+            for name in _METHODS:
+                self._patches.set(stage, name, self._action(stage, name))
 
     def unwrap(self) -> None:
-        from zbkit.pipeline.torch_trace import _MISSING
-
-        while self._saved:
-            obj, name, before = self._saved.pop()
-            if before is _MISSING:
-                obj.__dict__.pop(name, None)
-            else:
-                setattr(obj, name, before)
+        self._patches.restore()
 
     def _step(self, step: Callable) -> Callable:
         def counted_step(*args: Any, **kwargs: Any) -> Any:
@@ -86,18 +74,13 @@ class TorchProgress:
         return counted_step
 
     def _action(self, stage: Any, name: str) -> Callable:
+        from zbkit.pipeline.torch_trace import torch_action
+
         method = getattr(stage, name)  # torch's, or an outer wrapper (a trace_torch recorder)
         signature = inspect.signature(method)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            microbatch = next(iter(bound.arguments.values()))  # fwd/bwd_chunk_id
-            if name == "forward_one_chunk":
-                kind = "F"
-            elif name == "backward_one_chunk":  # the whole backward, or its input half
-                kind = "B" if bound.arguments.get("full_backward", True) else "I"
-            else:
-                kind = "W"
+            kind, microbatch = torch_action(name, signature.bind(*args, **kwargs))
             self.running = f"{stage.stage_index}{kind}{microbatch}"
             out = method(*args, **kwargs)  # an error leaves it running: where it failed
             self.finished, self.last, self.running = self.finished + 1, self.running, None

@@ -43,24 +43,65 @@ __all__ = ["TorchRecorder", "schedule_of_trace", "trace_torch"]
 
 # the stage methods torch's schedules call per compute action
 _METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+_MISSING = object()  # no instance attribute of that name before the patch
+
+
+def torch_stages(schedule: Any, refusal: str) -> list[Any]:
+    """The stage objects of a torch pipeline schedule on this rank; TypeError
+    `"{refusal}, got {type}"` for anything else."""
+    stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+    if not stages or any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
+        raise TypeError(f"{refusal}, got {type(schedule).__name__}")
+    return list(stages)
+
+
+def torch_action(name: str, bound: inspect.BoundArguments) -> tuple[str, int]:
+    """(kind, microbatch) of a call of stage method `name` with `bound` arguments: F, or
+    B (a whole backward), I (its input half: full_backward=False) or W."""
+    microbatch = int(next(iter(bound.arguments.values())))  # fwd/bwd_chunk_id
+    if name == "forward_one_chunk":
+        return "F", microbatch
+    if name == "backward_one_chunk":
+        return ("B" if bound.arguments.get("full_backward", True) else "I"), microbatch
+    return "W", microbatch
+
+
+class MethodPatches:
+    """Methods set as instance attributes on objects (torch's stages, a schedule's `step`),
+    each put back by `restore` as it was: the class's, or an outer wrapper's (nested
+    recorders restore in reverse order)."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []  # (object, method, its instance attribute)
+
+    def set(self, obj: Any, name: str, method: Callable) -> None:
+        self._saved.append((obj, name, obj.__dict__.get(name, _MISSING)))
+        setattr(obj, name, method)
+
+    def restore(self) -> None:
+        while self._saved:
+            obj, name, before = self._saved.pop()
+            if before is _MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, before)
 
 
 class TorchRecorder:
     """Records the compute actions a torch schedule runs on this rank (see module doc)."""
 
     def __init__(self, schedule: Any, clock: Callable[[], float] = time.time) -> None:
-        stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
-        if not stages or any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
-            raise TypeError(
-                f"trace_torch needs a torch pipeline schedule with its stages (a "
-                f"torch.distributed.pipelining schedule object), got {type(schedule).__name__}"
-            )
+        stages = torch_stages(
+            schedule,
+            "trace_torch needs a torch pipeline schedule with its stages (a "
+            "torch.distributed.pipelining schedule object)",
+        )
         self.schedule = schedule
         self.stages = list(stages)
         self.clock = clock
         self._events: list[Event] = []
         self._samples: list[MemorySample] = []
-        self._saved: list[tuple[Any, str, Any]] = []  # (stage, method, its instance attribute)
+        self._patches = MethodPatches()
         self._paired = _overlapped(schedule)
         cuda = any(getattr(getattr(s, "device", None), "type", "") == "cuda" for s in self.stages)
         self._cuda_class = _cuda_timer() if cuda else None
@@ -73,18 +114,12 @@ class TorchRecorder:
             self._cuda = self._cuda_class(self.clock)
         for stage in self.stages:
             for name in _METHODS:
-                self._saved.append((stage, name, stage.__dict__.get(name, _MISSING)))
-                setattr(stage, name, self._wrap(stage, name, getattr(stage, name)))
+                self._patches.set(stage, name, self._wrap(stage, name, getattr(stage, name)))
 
     def stop(self) -> None:
         """Puts every wrapped method back (what was there before: torch's, or a wrapper of an
         outer recorder)."""
-        while self._saved:
-            stage, name, before = self._saved.pop()
-            if before is _MISSING:
-                stage.__dict__.pop(name, None)
-            else:
-                setattr(stage, name, before)
+        self._patches.restore()
         if self._cuda is not None:  # GPU times replace the host's launch times
             self._events = self._cuda.times(self._events)
             self._cuda = None
@@ -96,13 +131,7 @@ class TorchRecorder:
         def recorded(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            microbatch = int(next(iter(bound.arguments.values())))  # fwd/bwd_chunk_id
-            if name == "forward_one_chunk":
-                kind = "F"
-            elif name == "backward_one_chunk":
-                kind = "B" if bound.arguments.get("full_backward", True) else "I"
-            else:
-                kind = "W"
+            kind, microbatch = torch_action(name, bound)
             start = self.clock()
             gpu = self._cuda.start() if self._cuda is not None else None
             out = method(*args, **kwargs)
@@ -144,9 +173,6 @@ class TorchRecorder:
     def clear(self) -> None:
         """Forget what was recorded (e.g. after a warm-up step)."""
         self._events, self._samples = [], []
-
-
-_MISSING = object()
 
 
 def _cuda_timer() -> type:
