@@ -94,10 +94,15 @@ class Schedule:
         `comms=True`: torch's lowered rows, its transfers and FSDP actions in their places
         (the loaded `torch_ops`, else the transfers `to_csv(comms=True)` would write)."""
         if comms:
-            ops = self.torch_ops if any(self.torch_ops.values()) else derive_torch_ops(self)
+            ops = self.lowered_ops()
             rows = {r: self.row(r, ops.get(r, [])) for r in range(self.pp)}
             return render_grid(rows, marks, window=bool(marks))
         return render_grid(self.program, marks, window=bool(marks))
+
+    def lowered_ops(self) -> dict[int, list[tuple[int, TorchOp]]]:
+        """torch's non-compute actions per rank: the loaded `torch_ops`, or else the
+        transfers derived from the placement (what torch's own lowering pass makes)."""
+        return self.torch_ops if any(self.torch_ops.values()) else derive_torch_ops(self)
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython: show the grid
         printer.text(repr(self) + "\n" + self.to_grid())
@@ -145,9 +150,10 @@ class Schedule:
         """torch's CSV text: compute only (`comms=False`), or torch's compute_comms form
         with transfers (`comms=True`: the loaded ones, else derived from the placement as
         `derive_plan` does); by default, as loaded (with its torch_ops if it had any)."""
-        ops = self.torch_ops if comms is not False else {}
-        if comms and not any(ops.values()):
-            ops = derive_torch_ops(self)
+        if comms is None:
+            ops = self.torch_ops  # as loaded
+        else:
+            ops = self.lowered_ops() if comms else {}
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         for rank in range(self.pp):
