@@ -136,19 +136,19 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         spans, before = times[rank], len(events)
         # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
         items = schedule.program[rank]
-        events += [
-            new(Event, (rank, a.stage, a.kind, a.microbatch, start, end, False))
-            for a, (start, end) in zip(items, spans, strict=True)
-            if type(a) is Action
-        ]
-        if len(events) - before < len(items):  # overlapped pairs: two events each, in order
-            del events[before:]
+        if all(type(a) is Action for a in items):  # the common case: one event per item
+            events += [
+                new(Event, (rank, a.stage, a.kind, a.microbatch, start, end, False))
+                for a, (start, end) in zip(items, spans, strict=True)
+            ]
+            mine = [change[a.stage, a.kind] for a in items]
+        else:  # overlapped pairs: two events each, in order
             for a, (start, end) in zip(items, spans, strict=True):
                 if type(a) is Action:
                     events.append(Event(rank, a.stage, a.kind, a.microbatch, start, end))
                 else:
                     events += _halves(rank, a, start, end, per_stage_costs)
-        mine = [change[a.stage, a.kind] for a in schedule.actions(rank)]
+            mine = [change[e.stage, e.kind] for e in events[before:]]
         deltas += mine
         # one action at a time in program order: the peak is the running maximum of the
         # changes in that order (what memory_steps' levels reach, without sorting them)
