@@ -7,6 +7,7 @@ columns to all four printed digits, so the comparison is like for like.
 """
 
 import itertools
+import math
 import random
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from zbkit.schedules import Costs, Schedule, _bounds, build_schedule, simulate, validate
 from zbkit.schedules._auto import CANDIDATES, Problem
 from zbkit.schedules._build_fixed import zb_v as zb_v_construction
-from zbkit.schedules._build_greedy import Slower, greedy, sweep
+from zbkit.schedules._build_greedy import Moves, Slower, greedy, sweep
 from zbkit.schedules._build_heuristic import heuristic
 from zbkit.schedules._refine import defer_late_ws
 from zbkit.schedules.builders import explain_auto
@@ -404,6 +405,41 @@ def test_greedy_gives_up_exactly_when_it_would_end_slower():
         assert greedy(where, m, [c] * len(where), limit, fill, hold, give_up=span) == program
         with pytest.raises(Slower):
             greedy(where, m, [c] * len(where), limit, fill, hold, give_up=span - 1e-3)
+
+
+def test_greedy_variants_its_moves_cover_move_the_same():
+    # oracle: each variant run for real. Every variant a run's `Moves` covers must build
+    # the same program (a run to the end) or stop with the same message (a stopped run);
+    # and the intervals must be tight enough to cover something besides the run itself
+    rng = random.Random(5)
+    variants = [(f, h) for f in (0.0, 0.25, 0.5, 1.0) for h in (0.0, 0.5, 1.0, 2.0)]
+    covered = 0
+    for _ in range(25):
+        p, m = rng.randint(2, 5), rng.randint(2, 10)
+        v = rng.random() < 0.5
+        where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)] if v else list(range(p))
+        one = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
+                    comm=rng.uniform(0, 0.2), mem_weight=rng.uniform(0, 0.5))  # fmt: skip
+        c = [one] * len(where)
+        limit = rng.choice([1.0, 1.5, 2.0]) * len(where)
+        fill, hold = rng.choice(variants)
+        full = greedy(where, m, c, limit, fill, hold)
+        give_up = rng.choice([math.inf, 0.9 * max(simulate(Schedule(full, where, m), c).span)])
+        moves = Moves()
+        try:
+            result = greedy(where, m, c, limit, fill, hold, give_up, moves)
+        except Slower as err:
+            result = str(err)
+        for other in variants:
+            if other == (fill, hold) or not moves.covers(*other):
+                continue
+            covered += 1
+            try:
+                again = greedy(where, m, c, limit, *other, give_up)
+            except Slower as err:
+                again = str(err)
+            assert again == result, (fill, hold, other)
+    assert covered > 50
 
 
 def test_zb_auto_hands_out_copies_of_what_it_remembers():

@@ -23,6 +23,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from zbkit.schedules.action import Action
 from zbkit.schedules.simulate import Costs
@@ -34,6 +35,33 @@ Program = dict[int, list[Action]]  # the kinds these schedulers emit: the backwa
 
 class Slower(Exception):
     """`greedy` gave up: a rank's span is sure to exceed `give_up` (the message says how)."""
+
+
+@dataclass
+class Moves:
+    """The `fill` and `hold` values for which `greedy` makes the same moves as a run did
+    (each an open interval): every wait test that run made comes out the same for them.
+    A run that stopped (`Slower`) stops at the same point, or earlier, for any such
+    variant with the same or a smaller `give_up`: that variant need not be run."""
+
+    fill: tuple[float, float] = (-math.inf, math.inf)
+    hold: tuple[float, float] = (-math.inf, math.inf)
+
+    def covers(self, fill: float, hold: float) -> bool:
+        return _inside(fill, self.fill) and _inside(hold, self.hold)
+
+
+def _inside(x: float, interval: tuple[float, float]) -> bool:
+    lo, hi = interval  # a margin: a value at an end may round either way, so run it
+    return (lo == -math.inf or lo + _EPS * max(1.0, abs(lo)) < x) and (
+        hi == math.inf or x < hi - _EPS * max(1.0, abs(hi))
+    )
+
+
+def _narrow(interval: tuple[float, float], at: float, waited: bool) -> tuple[float, float]:
+    """A wait test waits for values above `at`: keep the side this run's value was on."""
+    lo, hi = interval
+    return (max(lo, at), hi) if waited else (lo, min(hi, at))
 
 
 def fastest_variant(
@@ -78,8 +106,11 @@ def greedy(
     fill: float = 0.0,
     hold: float = 0.0,
     give_up: float = math.inf,
+    moves: Moves | None = None,
 ) -> dict[int, list[Action]]:
-    """The policy above; raises `Slower` once some rank's span must exceed `give_up`."""
+    """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
+    `moves` (optional) is narrowed to the fill and hold values that would move the same."""
+    moves = Moves() if moves is None else moves
     n = len(stage_to_rank)
     p = max(stage_to_rank) + 1
     last = n - 1
@@ -193,14 +224,21 @@ def greedy(
         soon = heap[0][0] - t if heap else None
         f = next_forward(r, t)
         if f is not None:
-            if hold > 0 and soon is not None and soon < hold * dur[f.stage]["F"] - _EPS:
-                return
+            if soon is not None and dur[f.stage]["F"] > 0:
+                # hold waits when hold * F - eps > soon, i.e. for hold above `at`
+                wait = hold > 0 and soon < hold * dur[f.stage]["F"] - _EPS
+                moves.hold = _narrow(moves.hold, (soon + _EPS) / dur[f.stage]["F"], wait)
+                if wait:
+                    return
             next_f[f.stage] += 1
             return run(r, f, t)
         if pending_w[r]:
             s, j = pending_w[r][0]
-            if fill > 0 and soon is not None and soon < fill * dur[s]["W"] - _EPS:
-                return
+            if soon is not None and dur[s]["W"] > 0:
+                wait = fill > 0 and soon < fill * dur[s]["W"] - _EPS
+                moves.fill = _narrow(moves.fill, (soon + _EPS) / dur[s]["W"], wait)
+                if wait:
+                    return
             pending_w[r].popleft()
             return run(r, Action.trusted(s, "W", j), t)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from zbkit.schedules import _build_fixed as fixed
-from zbkit.schedules._build_greedy import greedy
+from zbkit.schedules._build_greedy import Moves, Slower, greedy
 from zbkit.schedules._build_heuristic import best_heuristic
 from zbkit.schedules._build_v_heuristic import best_v_heuristic
 from zbkit.schedules._refine import best_sweep, defer_late_ws, plain_program
@@ -93,8 +93,20 @@ def _v_heuristic(problem: Problem) -> Program:
 
 def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
     def build(problem: Problem) -> Program:
+        # the variants often move alike until they stop (a warm-up that no wait test
+        # touches): a variant some earlier stopped run covers would stop there too, since
+        # the best span, what they stop above, only shrinks during a search
+        stops = problem.memo.setdefault("greedy stops", [])
+        for name, moves, beat, why in stops:
+            if problem.beat <= beat and moves.covers(fill, hold):
+                raise Slower(f"moves as {name} did until it stopped: {why}")
         where, m, limit = problem.stage_to_rank, problem.m, problem.limit
-        return greedy(where, m, problem.costs, limit, fill, hold, give_up=problem.beat)
+        moves = Moves()
+        try:
+            return greedy(where, m, problem.costs, limit, fill, hold, problem.beat, moves)
+        except Slower as err:
+            stops.append((f"fill={fill:g} hold={hold:g}", moves, problem.beat, err))
+            raise
 
     return build
 
