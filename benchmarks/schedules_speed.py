@@ -7,7 +7,8 @@ simplest schedule through the same path), so a noisy machine shifts both and the
 stays meaningful. zb-auto runs with its default costs and limit, and with the Zero Bubble
 paper's times (limit p*M_B, its ZB-1p; for the V the default 2p halves), in both
 placements; it forgets its remembered searches before each run (a slider's next value
-is a new question).
+is a new question). A Simulation's per-action events are made when first read (a slider
+shows the numbers), so they are not part of the time.
 
     .venv/bin/python benchmarks/schedules_speed.py           # both sizes
     .venv/bin/python benchmarks/schedules_speed.py 16        # pp=16, m=64 only

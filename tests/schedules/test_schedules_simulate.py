@@ -80,3 +80,18 @@ def test_simulated_comm_waits_follow_the_plan():
             waited = sum(c.end - c.start for c in sim.comm if c.rank == rank)
             first = min(e.start for e in sim.events if e.rank == rank)
             assert waited <= sim.idle[rank] + first + 1e-9, (name, rank)
+
+
+def test_events_are_those_of_the_program_as_simulated():
+    # events are made when first read: editing the schedule afterwards must not change
+    # them (oracle: the events of a simulation read at once, and by-hand 1F1B times)
+    costs = Costs(F=1.0, I=1.0, W=1.0)
+    schedule = build_schedule("zb-h1", pp=2, microbatches=3)
+    read_at_once = simulate(schedule, costs).events
+    later = simulate(schedule, costs)
+    schedule.program[0].reverse()
+    schedule.program[1].clear()
+    assert later.events == read_at_once
+    assert len(later.events) == 18 and later.deltas == [costs.memory(e.kind) for e in read_at_once]
+    assert read_at_once[0] == Event(0, 0, "F", 0, 0.0, 1.0)
+    assert max(e.end for e in later.events) == later.makespan

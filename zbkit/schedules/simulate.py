@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import cast
 
 from zbkit.schedules import _engine
 from zbkit.schedules.action import KINDS, PARTS, Action, Overlap
@@ -31,17 +32,45 @@ __all__ = ["Costs", "Event", "Simulation", "bubble_rate", "simulate"]
 
 @dataclass
 class Simulation:
+    """When every action of `schedule` runs under `costs`, and what that adds up to.
+
+    The numbers (makespan, bubble, peaks, per-rank busy/span/idle) are computed by
+    `simulate`; the per-action `events`, their memory `deltas` and the `memory` steps are
+    made from the same timing when first read (a slider over a large schedule reads the
+    numbers only: at pp=64, m=512 the 196,608 events cost as much as the timing itself).
+    """
+
     schedule: Schedule
     costs: Costs | list[Costs]
-    events: list[Event]  # per rank, in program order
     makespan: float  # last end - first start, over all ranks
     bubble_rate: float  # (cost - m*v*(F+I+W)) / cost, cost = the longest rank span
     peak_memory: list[float]  # per rank
     busy: list[float]  # per rank: time spent computing
     span: list[float]  # per rank: first start to last end
     idle: list[float]  # per rank: span - busy (the bubbles)
-    deltas: list[float] = field(default_factory=list, repr=False)  # each event's memory change
+    # per rank, the program items as simulated (a copy: the schedule may be edited later)
+    # and (start, end) of each (the engine's timing), and the costs per stage: what
+    # `events` is made from
+    items: dict[int, list[Action | Overlap]] = field(default_factory=dict, repr=False)
+    times: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
+    per_stage: list[Costs] = field(default_factory=list, repr=False)
+    _events: list[Event] | None = field(default=None, repr=False, compare=False)
+    _deltas: list[float] | None = field(default=None, repr=False, compare=False)
     _memory: list | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def events(self) -> list[Event]:
+        """Every action's `Event`, per rank in program order (an overlapped pair: two)."""
+        if self._events is None:
+            self._events, self._deltas = _events(self.items, self.times, self.per_stage)
+        return self._events
+
+    @property
+    def deltas(self) -> list[float]:
+        """Each event's memory change (`Costs.memory`), in the order of `events`."""
+        if self._deltas is None:
+            self._events, self._deltas = _events(self.items, self.times, self.per_stage)
+        return self._deltas
 
     @property
     def memory(self) -> list[list[tuple[float, float]]]:
@@ -124,34 +153,52 @@ def _halves(r: int, pair: Overlap, start: float, end: float, costs: list[Costs])
             Event(r, b.stage, b.kind, b.microbatch, mid, end, True)]  # fmt: skip
 
 
-def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
+def _changes(items: Sequence[Action | Overlap], change: dict) -> list[float]:
+    """A rank's memory changes in program order, an overlapped pair's two halves each."""
+    if all(type(a) is Action for a in items):  # the common case: one change per item
+        return [change[a.stage, a.kind] for a in cast(Sequence[Action], items)]
+    return [change[h.stage, h.kind] for a in items for h in a.halves]
+
+
+def _events(
+    programs: dict[int, list[Action | Overlap]],
+    times: dict[int, list[tuple[float, float]]],
+    per_stage_costs: list[Costs],
+) -> tuple[list[Event], list[float]]:
+    """(events, their memory changes) per rank in program order, from the engine's times."""
     new = tuple.__new__
     events: list[Event] = []
-    starts, ends, busy = [], [], []
-    # each (stage, kind)'s memory change (`Costs.memory`, the one memory rule), asked once
     change = {(s, k): c.memory(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
     deltas: list[float] = []
-    peak: list[float] = []
-    for rank in range(schedule.pp):
-        spans, before = times[rank], len(events)
-        # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
-        items = schedule.program[rank]
+    for rank, items in programs.items():
+        spans = times[rank]
         if all(type(a) is Action for a in items):  # the common case: one event per item
+            # tuple.__new__ skips NamedTuple's Python-level __new__: 100k events stay cheap
             events += [
                 new(Event, (rank, a.stage, a.kind, a.microbatch, start, end, False))
-                for a, (start, end) in zip(items, spans, strict=True)
+                for a, (start, end) in zip(cast(list[Action], items), spans, strict=True)
             ]
-            mine = [change[a.stage, a.kind] for a in items]
         else:  # overlapped pairs: two events each, in order
             for a, (start, end) in zip(items, spans, strict=True):
                 if type(a) is Action:
                     events.append(Event(rank, a.stage, a.kind, a.microbatch, start, end))
                 else:
                     events += _halves(rank, a, start, end, per_stage_costs)
-            mine = [change[e.stage, e.kind] for e in events[before:]]
-        deltas += mine
+        deltas += _changes(items, change)
+    return events, deltas
+
+
+def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
+    starts, ends, busy = [], [], []
+    # each (stage, kind)'s memory change (`Costs.memory`, the one memory rule), asked once
+    change = {(s, k): c.memory(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
+    peak: list[float] = []
+    items = {r: list(schedule.program.get(r, ())) for r in range(schedule.pp)}
+    for rank in range(schedule.pp):
+        spans = times[rank]
         # one action at a time in program order: the peak is the running maximum of the
         # changes in that order (what memory_steps' levels reach, without sorting them)
+        mine = _changes(items[rank], change)
         peak.append(max(0.0, max(accumulate(mine), default=0.0)))
         # its span is first start to last end (the numbers rank_spans gives for any events)
         starts.append(spans[0][0] if spans else 0.0)
@@ -170,12 +217,13 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     return Simulation(
         schedule=schedule,
         costs=costs,
-        events=events,
         makespan=max(ends[r] for r in ran) - min(starts[r] for r in ran),
         bubble_rate=(cost - ideal) / cost if cost > 0 else 0.0,
         peak_memory=peak,
-        deltas=deltas,
         busy=busy,
         span=span,
         idle=[s - b for s, b in zip(span, busy, strict=True)],
+        items=items,
+        times=times,
+        per_stage=list(per_stage_costs),
     )
