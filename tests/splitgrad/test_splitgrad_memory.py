@@ -28,15 +28,16 @@ class Watched:
     input (its weight half in W needs it). 2-d inputs: addmm saves them as they are.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 4) -> None:
         torch.manual_seed(0)
-        self.layers = [nn.Linear(4, 4).to(D) for _ in range(3)]
+        self.layers = [nn.Linear(width, width).to(D) for _ in range(3)]
         self.params = [p for layer in self.layers for p in layer.parameters()]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.only_i, self.for_w = [], []
+        self.only_i, self.for_w, self.nodes = [], [], []
         for layer in self.layers[:-1]:
-            u = layer(x)  # (5, 4)
+            u = layer(x)  # (rows, width)
+            self.nodes.append(u.grad_fn)
             x = F.gelu(u)  # gelu's node saves u
             self.only_i.append(weakref.ref(u))
             self.for_w.append(weakref.ref(x))
@@ -63,6 +64,36 @@ def test_tensors_only_i_needs_are_gone_when_i_returns():
         assert out.grad_fn is not None  # the caller still holds the graph: the split freed them
     finally:
         gc.enable()
+
+
+def test_big_tensors_only_i_needs_go_as_soon_as_their_node_ran():
+    # watched from inside I, when Linear 1's node is about to run: GELU 1 has run, GELU 0
+    # not yet. A big GELU input (512 KiB, >= EARLY_BYTES) is gone by then, so the
+    # gradients I keeps for W can reuse its memory; a small one waits for I's end. The
+    # gradients stay autograd's (oracle: plain backward on a copy of the model)
+    require_fast_paths()
+    for rows, width, early in ((5, 4, False), (256, 512, True)):
+        model = Watched(width)
+        x = x_(rows, width)
+        out = model.forward(x)
+        seen: list = []
+
+        def watch(_grads, seen=seen, refs=model.only_i):
+            seen.append(_alive(refs))
+
+        handle = model.nodes[1].register_prehook(watch)
+        g = torch.randn_like(out)
+        res = stage_backward_input([out], [g], [x], model.params)
+        handle.remove()
+        assert seen == [[True, not early]], (rows, width)
+        assert _alive(model.only_i) == [False, False]
+        stage_backward_weight(model.params, res.pending_weight)
+        # Watched re-seeds: a second instance has the same weights
+        oracle = Watched(width)
+        want = torch.autograd.grad(oracle.forward(x), oracle.params, g)
+        for p, w in zip(model.params, want, strict=True):
+            torch.testing.assert_close(p.grad, w)
+        assert res.input_grads[0] is not None
 
 
 def test_w_frees_each_groups_saved_tensors_when_that_group_is_done():

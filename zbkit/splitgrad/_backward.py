@@ -28,7 +28,7 @@ from torch.autograd.graph import Node, get_gradient_edge
 
 from zbkit.splitgrad import _fast, _plan
 from zbkit.splitgrad._directions import GradDirection, grad_directions
-from zbkit.splitgrad._free import release_saved
+from zbkit.splitgrad._free import release_saved, release_when_run
 from zbkit.splitgrad._groups import analyse_stage
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
@@ -190,6 +190,10 @@ def stage_backward_input(
             for j, node in enumerate(group.intermediates):
                 handles.append(node.register_prehook(functools.partial(_capture, work.captured, j)))
 
+        late: list[Node] = []  # what W never runs, to free when I returns
+        if eager is not None and not retain_graph:
+            early, late = eager.input_only(works, tuple(t.shape for t in tensors))
+            handles += [release_when_run(node) for node in early]
         found: tuple = ()
         if run_i:
             with grad_directions(GradDirection.INPUT):
@@ -204,8 +208,7 @@ def stage_backward_input(
             ready_grads = iter(found[len(wanted) :])
             for work in works:
                 work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
-            if eager is not None and not retain_graph:  # what W never runs may go now
-                release_saved(eager.input_only(works))
+            release_saved(late)
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle

@@ -4,8 +4,9 @@ A plain backward frees each node's saved tensors as soon as the node ran. The
 split backward runs most nodes twice at most (I, then W for the split points),
 so it frees in two steps instead (a fast path, guarded by `_fast`):
 
-- when I returns: the nodes W never runs (a GELU's input, a LayerNorm's
-  statistics), `input_only_nodes`;
+- in I: the nodes W never runs (a GELU's input, a LayerNorm's statistics),
+  `input_only_nodes`; those holding at least EARLY_BYTES right after each has run
+  (`release_when_run`), the rest when I returns;
 - during W: each replayed node, as soon as its group's weight half ran.
 
 A slot that holds a parameter (a LayerNorm's weight, a Linear's `weight.t()`)
@@ -15,16 +16,22 @@ free nothing and cost a hook registration (~2 us).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import Node
+from torch.utils.hooks import RemovableHandle
 
 from zbkit.splitgrad._pending import PendingGroup
 
 _SAVED_NAMES: dict[type, tuple[str, ...]] = {}  # node class -> its saved-tensor attributes
+# an input-only node saving this much is freed as soon as it has run in I, not when I ends:
+# the gradients I keeps for W then reuse that memory instead of new pages (first-touch page
+# faults cost compute-bound models up to ~10%); smaller ones wait (a hook costs ~3 us)
+EARLY_BYTES = 1 << 18
 
 
 def _drop(_tensor: torch.Tensor) -> None:
@@ -63,6 +70,31 @@ def input_only_nodes(closure: Iterable[Node], works: list[PendingGroup]) -> list
     return [n for n in closure if n not in keep and not isinstance(n, BackwardCFunction)]
 
 
+def _slots(node: Node) -> Iterator:
+    """A built-in node's SavedVariables (`_raw_saved_*`, lists flattened)."""
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:  # dir() is slow: once per node class
+        names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+        _SAVED_NAMES[type(node)] = names
+    for name in names:
+        saved = getattr(node, name)
+        yield from saved if isinstance(saved, list | tuple) else (saved,)
+
+
+def free_early(nodes: Iterable[Node]) -> tuple[list[Node], list[Node]]:
+    """(nodes whose saved tensors hold at least EARLY_BYTES, the rest)."""
+    early: list[Node] = []
+    late: list[Node] = []
+    for node in nodes:
+        held = 0
+        for one in _slots(node) if not isinstance(node, BackwardCFunction) else ():
+            tensor = one.data if one.unpack_hook is None else None
+            if tensor is not None:
+                held += tensor.numel() * tensor.element_size()
+        (early if held >= EARLY_BYTES else late).append(node)
+    return early, late
+
+
 def release_saved(nodes: Iterable[Node]) -> None:
     """Drop the tensors these built-in nodes saved for backward (what retain_graph=False does).
 
@@ -70,20 +102,23 @@ def release_saved(nodes: Iterable[Node]) -> None:
     alone, and so are parameters (and views of them): dropping those frees nothing.
     """
     for node in nodes:
-        names = _SAVED_NAMES.get(type(node))
-        if names is None:  # dir() is slow: once per node class
-            names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
-            _SAVED_NAMES[type(node)] = names
-        for name in names:
-            saved = getattr(node, name)
-            for one in saved if isinstance(saved, list | tuple) else (saved,):
-                if one.unpack_hook is not None:
-                    continue
-                tensor = one.data  # None: an optional tensor the op did not get
-                # `type() is`: Parameter's isinstance goes through a slow metaclass hook
-                if (
-                    tensor is not None
-                    and type(tensor) is not nn.Parameter
-                    and type(tensor._base) is not nn.Parameter  # weight.t() in a Linear
-                ):
-                    one.register_hooks(_drop, unpack_freed)
+        for one in _slots(node):
+            if one.unpack_hook is not None:
+                continue
+            tensor = one.data  # None: an optional tensor the op did not get
+            # `type() is`: Parameter's isinstance goes through a slow metaclass hook
+            if (
+                tensor is not None
+                and type(tensor) is not nn.Parameter
+                and type(tensor._base) is not nn.Parameter  # weight.t() in a Linear
+            ):
+                one.register_hooks(_drop, unpack_freed)
+
+
+def release_when_run(node: Node) -> RemovableHandle:
+    """Drop `node`'s saved tensors right after it runs (a post hook; remove it after)."""
+    return node.register_hook(functools.partial(_release_one, node))
+
+
+def _release_one(node: Node, _grad_inputs: object, _grad_outputs: object) -> None:
+    release_saved((node,))

@@ -33,7 +33,7 @@ import torch
 from torch.autograd.graph import GradientEdge, Node
 
 from zbkit.splitgrad._fast import eager_candidates
-from zbkit.splitgrad._free import input_only_nodes
+from zbkit.splitgrad._free import free_early, input_only_nodes
 from zbkit.splitgrad._groups import ParamGroup, analyse_stage
 from zbkit.splitgrad._pending import PendingGroup
 
@@ -95,8 +95,9 @@ class StagePlan:
 
     groups: tuple[_GroupAt, ...]
     closure: tuple[int, ...]  # C, the nodes I executes
-    # which groups' weight halves I computed -> positions of the nodes W never runs
-    input_only: dict[tuple[bool, ...], tuple[int, ...]] = field(default_factory=dict)
+    # which groups' weight halves I computed -> positions of the nodes W never runs: those
+    # to free as soon as each has run in I (big saved tensors), and those to free after I
+    input_only: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -110,16 +111,19 @@ class BoundPlan:
     nodes: list[Node]
     pos: dict[Node, int]
 
-    def input_only(self, works: list[PendingGroup]) -> list[Node]:
-        """_free.input_only_nodes, computed once per plan and pattern of eager groups."""
-        mask = tuple(bool(work.ready) for work in works)
+    def input_only(self, works: list[PendingGroup], sizes: tuple) -> tuple[list[Node], list[Node]]:
+        """_free.input_only_nodes, as (free when it has run, free when I ends), computed
+        once per plan, pattern of eager groups and `sizes` (the outputs' shapes: what the
+        saved tensors' sizes, which `_free.free_early` splits by, follow)."""
+        mask = (tuple(bool(work.ready) for work in works), sizes)
         found = self.plan.input_only.get(mask)
         if found is None:
             closure = [self.nodes[p] for p in self.plan.closure]
-            found = tuple(self.pos[n] for n in input_only_nodes(closure, works))
+            early, late = free_early(input_only_nodes(closure, works))
+            found = (tuple(self.pos[n] for n in early), tuple(self.pos[n] for n in late))
             if len(self.plan.input_only) < _MAX_MASKS:
                 self.plan.input_only[mask] = found
-        return [self.nodes[p] for p in found]
+        return [self.nodes[p] for p in found[0]], [self.nodes[p] for p in found[1]]
 
 
 class PlanCache:
