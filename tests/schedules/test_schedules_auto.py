@@ -389,16 +389,22 @@ def test_zb_auto_stops_when_a_hand_written_candidate_reaches_the_bound(placement
             assert max(sim.span) >= max(chosen.span) - 1e-9, t.candidate.name
 
 
+def _random_greedy_setting(rng: random.Random) -> tuple[list[int], int, Costs]:
+    """(stage_to_rank, m, costs): 2..5 ranks, linear or V, 2..10 microbatches."""
+    p, m = rng.randint(2, 5), rng.randint(2, 10)
+    v = rng.random() < 0.5
+    where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)] if v else list(range(p))
+    c = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
+              comm=rng.uniform(0, 0.2), mem_weight=rng.uniform(0, 0.5))  # fmt: skip
+    return where, m, c
+
+
 def test_greedy_gives_up_exactly_when_it_would_end_slower():
     # oracle: the greedy run to the end; with give_up just under its span it must stop,
     # at its span it must build the same program
     rng = random.Random(3)
     for _ in range(12):
-        p, m = rng.randint(2, 5), rng.randint(2, 10)
-        v = rng.random() < 0.5
-        where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)] if v else list(range(p))
-        c = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
-                  comm=rng.uniform(0, 0.2), mem_weight=rng.uniform(0, 0.5))  # fmt: skip
+        where, m, c = _random_greedy_setting(rng)
         limit, fill, hold = 2.0 * len(where), rng.choice([0.0, 0.5]), rng.choice([0.0, 1.0])
         program = greedy(where, m, [c] * len(where), limit, fill, hold)
         span = max(simulate(Schedule(program, where, m), c).span)
@@ -415,11 +421,7 @@ def test_greedy_variants_its_moves_cover_move_the_same():
     variants = [(f, h) for f in (0.0, 0.25, 0.5, 1.0) for h in (0.0, 0.5, 1.0, 2.0)]
     covered = 0
     for _ in range(25):
-        p, m = rng.randint(2, 5), rng.randint(2, 10)
-        v = rng.random() < 0.5
-        where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)] if v else list(range(p))
-        one = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
-                    comm=rng.uniform(0, 0.2), mem_weight=rng.uniform(0, 0.5))  # fmt: skip
+        where, m, one = _random_greedy_setting(rng)
         c = [one] * len(where)
         limit = rng.choice([1.0, 1.5, 2.0]) * len(where)
         fill, hold = rng.choice(variants)
