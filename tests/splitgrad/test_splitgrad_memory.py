@@ -181,3 +181,28 @@ def test_parameter_slots_are_left_alone_and_activation_slots_freed():
     stage_backward_weight(params, res.pending_weight)
     assert down._raw_saved_mat2.unpack_hook is None  # weight.t(): left alone
     assert down._raw_saved_mat1.unpack_hook is not None  # the GELU output: freed after W
+
+
+def test_what_to_free_is_learned_once_per_structure_and_still_checked_per_graph():
+    # the plan keeps, per node position, which saved tensors to free (learned from the
+    # first graph of a structure). A later graph of that structure whose forward ran
+    # under saved_tensors_hooks (its slots already hooked) must be left alone, exact
+    # (oracle: plain backward), and the next plain graph freed as the first was
+    require_fast_paths()
+    for hooked in (False, True, False):
+        model = Watched(width=8)
+        x = x_(5, 8)
+        if hooked:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                out = model.forward(x)
+        else:
+            out = model.forward(x)
+        g = torch.randn_like(out)
+        res = stage_backward_input([out], [g], [x], model.params)
+        stage_backward_weight(model.params, res.pending_weight)
+        # the hooks' packed tensors keep them alive; otherwise the split freed them all
+        assert _alive(model.only_i + model.for_w) == [hooked] * 4
+        oracle = Watched(width=8)
+        want = torch.autograd.grad(oracle.forward(x), oracle.params, g)
+        for p, w in zip(model.params, want, strict=True):
+            torch.testing.assert_close(p.grad, w)

@@ -28,7 +28,7 @@ from torch.autograd.graph import Node, get_gradient_edge
 
 from zbkit.splitgrad import _fast, _plan
 from zbkit.splitgrad._directions import GradDirection, grad_directions
-from zbkit.splitgrad._free import release_saved, release_when_run
+from zbkit.splitgrad._free import release_named, release_when_run
 from zbkit.splitgrad._groups import analyse_stage
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
@@ -178,6 +178,8 @@ def stage_backward_input(
     try:
         for i, group in enumerate(stage.groups):
             work = PendingGroup(group, tensors=stage.tensors[i])
+            if plan is not None and len(group.intermediates) == 1:
+                work.free = plan.slot_names(group.intermediates[0])
             works.append(work)
             for root in group.roots:  # outputs outside the input closure start W directly
                 work.roots += [(out_edges[k], grads[k]) for k in edges_at.get(root, ())]
@@ -193,7 +195,7 @@ def stage_backward_input(
         late: list[Node] = []  # what W never runs, to free when I returns
         if eager is not None and not retain_graph:
             early, late = eager.input_only(works, tuple(t.shape for t in tensors))
-            handles += [release_when_run(node) for node in early]
+            handles += [release_when_run(node, eager.slot_names(node)) for node in early]
         found: tuple = ()
         if run_i:
             with grad_directions(GradDirection.INPUT):
@@ -208,7 +210,8 @@ def stage_backward_input(
             ready_grads = iter(found[len(wanted) :])
             for work in works:
                 work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
-            release_saved(late)
+            for node in late:
+                release_named(node, eager.slot_names(node))  # type: ignore[union-attr]
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import GradientEdge, Node
 
-from zbkit.splitgrad._free import release_saved, unpack_freed
+from zbkit.splitgrad._free import release_named, release_saved, unpack_freed
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node
 from zbkit.splitgrad._groups import ParamGroup, group_params
 from zbkit.splitgrad._pending import PendingGroup
@@ -252,7 +252,10 @@ def _replay(
             out = node(*captured)  # type: ignore[operator]  # a Node is callable; its stub says not
             del captured
             if not retain_graph:  # this group is done with its node: free what it saved
-                release_saved((node,))
+                if wk.free is None:
+                    release_saved((node,))
+                else:
+                    release_named(node, wk.free)
             for k, edge, shape in zip(wk.group.exits[0], exits, exit_shapes, strict=True):
                 grad = out[k]
                 if grad is None:

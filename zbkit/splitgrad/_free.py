@@ -70,13 +70,18 @@ def input_only_nodes(closure: Iterable[Node], works: list[PendingGroup]) -> list
     return [n for n in closure if n not in keep and not isinstance(n, BackwardCFunction)]
 
 
-def _slots(node: Node) -> Iterator:
-    """A built-in node's SavedVariables (`_raw_saved_*`, lists flattened)."""
+def _names(node: Node) -> tuple[str, ...]:
+    """A built-in node's saved-tensor attributes (`_raw_saved_*`)."""
     names = _SAVED_NAMES.get(type(node))
     if names is None:  # dir() is slow: once per node class
         names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
         _SAVED_NAMES[type(node)] = names
-    for name in names:
+    return names
+
+
+def _slots(node: Node) -> Iterator:
+    """A built-in node's SavedVariables (lists flattened)."""
+    for name in _names(node):
         saved = getattr(node, name)
         yield from saved if isinstance(saved, list | tuple) else (saved,)
 
@@ -103,22 +108,59 @@ def release_saved(nodes: Iterable[Node]) -> None:
     """
     for node in nodes:
         for one in _slots(node):
-            if one.unpack_hook is not None:
-                continue
-            tensor = one.data  # None: an optional tensor the op did not get
-            # `type() is`: Parameter's isinstance goes through a slow metaclass hook
-            if (
-                tensor is not None
-                and type(tensor) is not nn.Parameter
-                and type(tensor._base) is not nn.Parameter  # weight.t() in a Linear
-            ):
+            if _freeable(one):
                 one.register_hooks(_drop, unpack_freed)
 
 
-def release_when_run(node: Node) -> RemovableHandle:
-    """Drop `node`'s saved tensors right after it runs (a post hook; remove it after)."""
-    return node.register_hook(functools.partial(_release_one, node))
+def _freeable(one) -> bool:
+    if one.unpack_hook is not None:
+        return False
+    tensor = one.data  # None: an optional tensor the op did not get
+    # `type() is`: Parameter's isinstance goes through a slow metaclass hook
+    return (
+        tensor is not None
+        and type(tensor) is not nn.Parameter
+        and type(tensor._base) is not nn.Parameter  # weight.t() in a Linear
+    )
 
 
-def _release_one(node: Node, _grad_inputs: object, _grad_outputs: object) -> None:
-    release_saved((node,))
+def freeable(node: Node) -> tuple[str, ...]:
+    """The saved-tensor attributes of `node` that `release_saved` would drop now.
+
+    The same graph structure saves the same kinds of tensor in the same places, so the
+    analysis plan keeps these names per node position (`_plan`) and later graphs free
+    with `release_named`: a third of the cost, without reading each tensor back.
+    """
+    names = []
+    for name in _names(node):
+        saved = getattr(node, name)
+        if any(_freeable(one) for one in (saved if isinstance(saved, list | tuple) else (saved,))):
+            names.append(name)
+    return tuple(names)
+
+
+def release_named(node: Node, names: tuple[str, ...]) -> None:
+    """`release_saved` of one node whose freeable attributes are known (`freeable`).
+
+    A slot that already has hooks (this forward ran under `saved_tensors_hooks`, or it
+    was freed) or holds nothing this time is skipped, as `release_saved` would skip it.
+    """
+    for name in names:
+        saved = getattr(node, name)
+        for one in saved if isinstance(saved, list | tuple) else (saved,):
+            try:
+                one.register_hooks(_drop, unpack_freed)
+            except RuntimeError:  # hooks already set, or no tensor saved there
+                continue
+
+
+def release_when_run(node: Node, names: tuple[str, ...]) -> RemovableHandle:
+    """Drop `node`'s saved tensors `names` right after it runs (a post hook; remove it
+    after)."""
+    return node.register_hook(functools.partial(_release_one, node, names))
+
+
+def _release_one(
+    node: Node, names: tuple[str, ...], _grad_inputs: object, _grad_outputs: object
+) -> None:
+    release_named(node, names)

@@ -42,6 +42,9 @@ class PendingGroup:
     # _fast.eager_edges): the parameter edges and their gradients, which W only
     # delivers into `.grad`; empty for every other group
     ready: list[tuple[GradientEdge, torch.Tensor | None]] = field(default_factory=list, repr=False)
+    # what W frees at the intermediate once it ran (`_free.release_named`), known from
+    # the analysis plan; None: find out (`_free.release_saved`)
+    free: tuple[str, ...] | None = field(default=None, repr=False)
 
     def start_edges(self) -> tuple[list[GradientEdge], list[torch.Tensor]]:
         """Where one engine call for this group's W starts, and with which gradients."""

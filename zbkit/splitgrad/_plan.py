@@ -33,7 +33,7 @@ import torch
 from torch.autograd.graph import GradientEdge, Node
 
 from zbkit.splitgrad._fast import eager_candidates
-from zbkit.splitgrad._free import free_early, input_only_nodes
+from zbkit.splitgrad._free import free_early, freeable, input_only_nodes
 from zbkit.splitgrad._groups import ParamGroup, analyse_stage
 from zbkit.splitgrad._pending import PendingGroup
 
@@ -98,6 +98,8 @@ class StagePlan:
     # which groups' weight halves I computed -> positions of the nodes W never runs: those
     # to free as soon as each has run in I (big saved tensors), and those to free after I
     input_only: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    # position -> the saved-tensor attributes freed there (`_free.freeable`), as first seen
+    slots: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -110,6 +112,14 @@ class BoundPlan:
     plan: StagePlan
     nodes: list[Node]
     pos: dict[Node, int]
+
+    def slot_names(self, node: Node) -> tuple[str, ...]:
+        """What to free at `node` (`_free.release_named`), learned once per position."""
+        p = self.pos[node]
+        names = self.plan.slots.get(p)
+        if names is None:
+            names = self.plan.slots[p] = freeable(node)
+        return names
 
     def input_only(self, works: list[PendingGroup], sizes: tuple) -> tuple[list[Node], list[Node]]:
         """_free.input_only_nodes, as (free when it has run, free when I ends), computed
