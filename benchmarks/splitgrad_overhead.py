@@ -98,9 +98,12 @@ What earlier ideas bought (2-core shared machine, +-10% noise):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import os
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -246,8 +249,29 @@ def measure(key: str, reps: int, variants: dict) -> dict[str, list[tuple[float, 
     return times
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """torch 2.13's profiler writes two lines (USDT ... profiler_start/stop) to the C-level
+    stderr per run; they would bury the table. Python-level errors still show (raised
+    after the descriptor is back)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def memory(key: str, variant: tuple) -> tuple[float, float]:
     """(MiB held between I and W, MiB peak during W), counted from just before the forward."""
+    with _quiet_stderr():
+        return _memory(key, variant)
+
+
+def _memory(key: str, variant: tuple) -> tuple[float, float]:
     model, params, g, shape = _setup(key)
     run_i, run_w = variant
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
