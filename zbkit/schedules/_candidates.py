@@ -99,7 +99,7 @@ def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
         stops = problem.memo.setdefault("greedy stops", [])
         for name, moves, beat, why in stops:
             if problem.beat <= beat and moves.covers(fill, hold):
-                raise Slower(f"moves as {name} did until it stopped: {why}")
+                raise Slower(f"makes the same moves as greedy {name} until that one stopped: {why}")
         where, m, limit = problem.stage_to_rank, problem.m, problem.limit
         moves = Moves()
         try:
