@@ -2,6 +2,9 @@
 # One prepared GPU check: NCCL pipeline tests, the demo on NCCL, the runtime benchmark with
 # CUDA timing. Prints one summary line per part (full logs in $OUT or /tmp/zbkit-gpu-check).
 #   bash benchmarks/gpu_check.sh            # from the repository root, after `make setup`
+# One GPU: every schedule through LocalPipeline on the GPU against plain autograd, and the
+# split backward's time and memory against plain backward and torch's split, on the GPU
+# (its caching allocator keeps freed memory: no page faults, unlike glibc on the CPU).
 # NCCL runs one rank per GPU: the 4-rank tests need 4 GPUs, the demo and benchmark 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,15 @@ summary() {  # name, log, command...
   echo "$name: $status in $((SECONDS - t0)) s; $(grep -E "$SUMMARY" "$log" | tail -${LINES:-1} | tr '\n' ' ')"
 }
 
+if [ "$gpus" -ge 1 ]; then
+  SUMMARY="passed|failed" summary "local pipelines on cuda, every schedule vs plain autograd" \
+    "$LOGS/local.log" env ZBKIT_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
+    tests/pipeline/test_pipeline_local.py -k "matches_full_batch or split_first_stage"
+  SUMMARY="I\+W / plain|gradients vs|memory MiB" LINES=15 summary "splitgrad on cuda" \
+    "$LOGS/splitgrad.log" $PY benchmarks/splitgrad_overhead.py --device cuda --reps 30
+else
+  echo "local pipelines and splitgrad on cuda: not run (no GPU)"
+fi
 if [ "$gpus" -ge 4 ]; then
   SUMMARY="passed|failed|skipped" summary "nccl pipeline tests" "$LOGS/tests.log" \
     $PY -m pytest -q -p no:cacheprovider tests/pipeline/test_pipeline_dist.py -k nccl -rs

@@ -2,6 +2,7 @@
 
     python benchmarks/splitgrad_overhead.py --cpu-time --reps 30   # the table of issue 12
     python benchmarks/splitgrad_overhead.py --only mlp --ablate
+    python benchmarks/splitgrad_overhead.py --device cuda           # on a GPU
 
 Models (`--only`): compute-bound `mlp` (8 Linear 512->512, tanh, batch 256),
 `transformer` (4 pre-norm blocks d=256, 8 heads, 8x128 tokens), `conv` (4 conv
@@ -16,6 +17,14 @@ on a shared machine disturb much less; a second line gives user CPU time alone
 and median minor page faults per backward. Baselines, side by side in this
 process: plain `torch.autograd.backward`, and torch.distributed.pipelining's
 `stage_backward_input` + `stage_backward_weight`.
+
+Every variant runs each repetition on the same input and random state; the
+first repetition's gradients are compared with plain backward's (printed as the
+largest difference over the largest gradient: 0 means identical).
+
+`--device cuda`: the same on a GPU, timed as wall time with the device
+synchronized before and after each backward, memory from the caching
+allocator's counters (benchmarks/gpu_check.sh runs it).
 
 Memory (not timed, one run per variant under torch.profiler's allocator
 events): bytes allocated since just before the forward. `held` is what lives
@@ -127,6 +136,7 @@ from zbkit.splitgrad import reference_weight_pass, stage_backward_input, stage_b
 # wall time by default; --cpu-time uses this process's CPU time, which other
 # jobs on a shared machine disturb much less (we run on one thread)
 CLOCK = time.perf_counter
+DEVICE = torch.device("cpu")  # --device
 
 
 def _conv_net(channels: int = 32, layers: int = 4) -> nn.Module:
@@ -220,28 +230,44 @@ ABLATIONS = {
 def _setup(key: str) -> tuple[nn.Module, list[nn.Parameter], torch.Tensor, tuple[int, ...]]:
     _, make, shape = CONFIGS[key]
     torch.manual_seed(0)
-    model = make()
-    return model, [p for p in model.parameters() if p.requires_grad], torch.randn(shape), shape
+    model = make().to(DEVICE)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, params, torch.randn(shape, device=DEVICE), shape
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def _timed(run) -> tuple[float, int, float]:
-    """(CLOCK seconds, minor page faults, user CPU seconds) of `run()`."""
+    """(CLOCK seconds, minor page faults, user CPU seconds) of `run()`; on a GPU the clock
+    reads after the device finished (synchronized before and after)."""
+    _sync()
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), CLOCK()
     run()
+    _sync()
     t1, r1 = CLOCK(), resource.getrusage(resource.RUSAGE_SELF)
     return t1 - t0, r1.ru_minflt - r0.ru_minflt, r1.ru_utime - r0.ru_utime
 
 
-def measure(key: str, reps: int, variants: dict) -> dict[str, list[tuple[float, int, float]]]:
-    """Per variant, per repetition: (time of I + W, minor page faults, user CPU time)."""
+def measure(
+    key: str, reps: int, variants: dict
+) -> tuple[dict[str, list[tuple[float, int, float]]], dict[str, float]]:
+    """Per variant, per repetition: (time of I + W, minor page faults, user CPU time); and
+    per variant, its largest gradient difference from plain backward's, relative to the
+    largest plain gradient (every variant runs each repetition on the same input and
+    random state, so they must agree)."""
     model, params, g, shape = _setup(key)
     times: dict[str, list[tuple[float, int, float]]] = {k: [] for k in variants}
+    grads: dict[str, list[torch.Tensor]] = {}
     names = list(variants)
     for rep in range(reps + 3):  # 3 warm-up repetitions, dropped
         r = rep % len(names)
         for k in names[r:] + names[:r]:  # rotate who goes first
             run_i, run_w = variants[k]
-            x = torch.randn(shape, requires_grad=True)
+            torch.manual_seed(rep)  # the same input and dropout masks for every variant
+            x = torch.randn(shape, device=DEVICE, requires_grad=True)
             model.zero_grad(set_to_none=True)
             out = model(x)
 
@@ -254,7 +280,17 @@ def measure(key: str, reps: int, variants: dict) -> dict[str, list[tuple[float, 
             del run, out  # the graph dies before the next variant's forward
             if rep >= 3:
                 times[k].append(sample)
-    return times
+            if rep == 0:
+                grads[k] = [
+                    torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params
+                ]
+    scale = max(float(w.abs().max()) for w in grads["plain"]) or 1.0
+    diff = {
+        k: max(float((a - b).abs().max()) for a, b in zip(grads[k], grads["plain"], strict=True))
+        / scale
+        for k in grads
+    }
+    return times, diff
 
 
 @contextlib.contextmanager
@@ -275,8 +311,30 @@ def _quiet_stderr():
 
 def memory(key: str, variant: tuple) -> tuple[float, float]:
     """(MiB held between I and W, MiB peak during W), counted from just before the forward."""
+    if DEVICE.type == "cuda":
+        return _memory_cuda(key, variant)
     with _quiet_stderr():
         return _memory(key, variant)
+
+
+def _memory_cuda(key: str, variant: tuple) -> tuple[float, float]:
+    """`memory` from the CUDA caching allocator's own counters."""
+    model, params, g, shape = _setup(key)
+    run_i, run_w = variant
+    _sync()
+    base = torch.cuda.memory_allocated(DEVICE)
+    x = torch.randn(shape, device=DEVICE, requires_grad=True)
+    out = model(x)
+    if run_w is None:
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+    pending = run_i(out, g, x, params)
+    del out, x  # as a pipeline stage does: only what W needs stays
+    held = torch.cuda.memory_allocated(DEVICE) - base
+    if run_w is not None:
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+        run_w(params, pending)
+    peak = torch.cuda.max_memory_allocated(DEVICE) - base
+    return held / 2**20, max(peak, held) / 2**20
 
 
 def _memory(key: str, variant: tuple) -> tuple[float, float]:
@@ -337,20 +395,33 @@ def main() -> None:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory runs")
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda[:N]: on a GPU the times are wall time with the device "
+        "synchronized before and after, memory the caching allocator's counters",
+    )
+    parser.add_argument(
         "--keep-heap",
         action="store_true",
         help="diagnostic: glibc keeps freed memory (no page faults on reuse), see docstring",
     )
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this torch sees no CUDA device")
+    if DEVICE.type == "cuda" and (args.cpu_time or args.keep_heap):
+        parser.error("--cpu-time and --keep-heap are about the CPU; on a GPU leave them out")
     torch.set_num_threads(1)
     if args.keep_heap:
         _keep_freed_heap()
     global CLOCK
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
-    print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}, {args.reps} reps")
+    clock = "process CPU time" if args.cpu_time else "wall time"
+    print(f"clock: {clock}, {args.reps} reps, device {DEVICE}")
     for key in args.only or CONFIGS:
         variants = VARIANTS | (ABLATIONS if args.ablate else {})
-        t = measure(key, args.reps, variants)
+        t, diff = measure(key, args.reps, variants)
         plain_ms = statistics.median(x[0] for x in t["plain"]) * 1e3
         print(
             f"({key}) {CONFIGS[key][0]}: plain {plain_ms:.2f} ms | "
@@ -363,6 +434,10 @@ def main() -> None:
             f"torch / plain = {ratio(t, 'torch', 'plain', 2):.2f}x | minor page faults per "
             f"backward: plain {faults(t, 'plain')}, zbkit {faults(t, 'zbkit')}, "
             f"torch {faults(t, 'torch')}"
+        )
+        print(
+            "    gradients vs plain backward (largest difference / largest gradient): "
+            + ", ".join(f"{k} {d:.1e}" for k, d in diff.items() if k != "plain")
         )
         if not args.no_memory:
             mem = {k: memory(key, VARIANTS[k]) for k in VARIANTS}

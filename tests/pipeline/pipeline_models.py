@@ -9,6 +9,7 @@ custom autograd Function with two outputs, and a parameter the outputs never dep
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from torch import nn
@@ -16,6 +17,9 @@ from torch import nn
 from zbkit.schedules import Costs, build_schedule
 
 WIDTH = 6
+# where make_stages and batch put modules and data: cpu here; benchmarks/gpu_check.sh runs
+# the LocalPipeline tests with ZBKIT_TEST_DEVICE=cuda (the same oracle, on a GPU)
+DEVICE = torch.device(os.environ.get("ZBKIT_TEST_DEVICE", "cpu"))
 ALL_SCHEDULES = (
     "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
     "looped-bfs", "interleaved-zb", "v-half", "v-min", "dualpipev",
@@ -88,7 +92,7 @@ def make_stages(num_stages: int, seed: int = 0) -> list[nn.Module]:
     for s in range(1, num_stages - 1):
         mods.append(Awkward() if s == 1 else Plain())
     mods.append(Last())
-    return mods
+    return [m.to(DEVICE) for m in mods]
 
 
 def loss_fn(outputs: dict, target: torch.Tensor) -> torch.Tensor:
@@ -97,7 +101,8 @@ def loss_fn(outputs: dict, target: torch.Tensor) -> torch.Tensor:
 
 def batch(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, WIDTH, generator=g), torch.randn(rows, 2, generator=g)
+    x, y = torch.randn(rows, WIDTH, generator=g), torch.randn(rows, 2, generator=g)
+    return x.to(DEVICE), y.to(DEVICE)
 
 
 def oracle(mods: list[nn.Module], x: torch.Tensor, y: torch.Tensor):
