@@ -534,3 +534,21 @@ def test_a_candidate_bug_surfaces_instead_of_being_skipped(monkeypatch):
     monkeypatch.setitem(CANDIDATES, "linear", candidates)
     with pytest.raises((IndexError, KeyError)):
         build_schedule("zb-auto", pp=3, microbatches=7, costs=Costs(F=1.25, I=1, W=1))
+
+
+def test_zb_auto_v_skipping_repeated_greedy_moves_changes_nothing():
+    # with the paper's times the V greedies move alike until they stop, and zb-auto skips
+    # the repeats; oracle: every V greedy run on its own to the end and simulated. The
+    # skipped ones must not have been faster than what zb-auto kept
+    costs = Costs(F=11.325, I=11.308, W=8.109, comm=0.378, mem_weight=0.44)
+    p, m = 4, 16
+    found = explain_auto(pp=p, microbatches=m, costs=costs, placement="v")
+    skipped = [t for t in found.tried if "same moves as greedy" in t.note]
+    assert len(skipped) >= 4
+    kept = max(simulate(found.schedule, costs).span)
+    where = Problem(p, m, [costs] * 2 * p, 2.0 * p, "v").stage_to_rank
+    for t in skipped:
+        fill, hold = (float(v.split("=")[1]) for v in t.candidate.name.split()[1:])
+        program = greedy(where, m, [costs] * 2 * p, 2.0 * p, fill, hold)
+        span = max(simulate(Schedule(program, where, m), costs).span)
+        assert span >= kept - 1e-9, t.candidate.name
