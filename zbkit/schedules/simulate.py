@@ -34,9 +34,9 @@ __all__ = ["Costs", "Event", "Simulation", "bubble_rate", "simulate"]
 class Simulation:
     """When every action of `schedule` runs under `costs`, and what that adds up to.
 
-    The numbers (makespan, bubble, peaks, per-rank busy/span/idle) are computed by
-    `simulate`; the per-action `events`, their memory `deltas` and the `memory` steps are
-    made from the same timing when first read (a slider over a large schedule reads the
+    The numbers (makespan, bubble, peaks, per-rank busy/span/idle, each action's memory
+    `deltas`) are computed by `simulate`; the per-action `events` and the `memory` steps
+    are made from the same timing when first read (a slider over a large schedule reads the
     numbers only: at pp=64, m=512 the 196,608 events cost as much as the timing itself).
     """
 
@@ -54,23 +54,16 @@ class Simulation:
     items: dict[int, list[Action | Overlap]] = field(default_factory=dict, repr=False)
     times: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
     per_stage: list[Costs] = field(default_factory=list, repr=False)
+    deltas: list[float] = field(default_factory=list, repr=False)  # each event's memory change
     _events: list[Event] | None = field(default=None, repr=False, compare=False)
-    _deltas: list[float] | None = field(default=None, repr=False, compare=False)
     _memory: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def events(self) -> list[Event]:
         """Every action's `Event`, per rank in program order (an overlapped pair: two)."""
         if self._events is None:
-            self._events, self._deltas = _events(self.items, self.times, self.per_stage)
+            self._events = _events(self.items, self.times, self.per_stage)
         return self._events
-
-    @property
-    def deltas(self) -> list[float]:
-        """Each event's memory change (`Costs.memory`), in the order of `events`."""
-        if self._deltas is None:
-            self._events, self._deltas = _events(self.items, self.times, self.per_stage)
-        return self._deltas
 
     @property
     def memory(self) -> list[list[tuple[float, float]]]:
@@ -164,12 +157,10 @@ def _events(
     programs: dict[int, list[Action | Overlap]],
     times: dict[int, list[tuple[float, float]]],
     per_stage_costs: list[Costs],
-) -> tuple[list[Event], list[float]]:
-    """(events, their memory changes) per rank in program order, from the engine's times."""
+) -> list[Event]:
+    """The events per rank in program order, from the engine's times."""
     new = tuple.__new__
     events: list[Event] = []
-    change = {(s, k): c.memory(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
-    deltas: list[float] = []
     for rank, items in programs.items():
         spans = times[rank]
         if all(type(a) is Action for a in items):  # the common case: one event per item
@@ -184,8 +175,7 @@ def _events(
                     events.append(Event(rank, a.stage, a.kind, a.microbatch, start, end))
                 else:
                     events += _halves(rank, a, start, end, per_stage_costs)
-        deltas += _changes(items, change)
-    return events, deltas
+    return events
 
 
 def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
@@ -193,12 +183,14 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     # each (stage, kind)'s memory change (`Costs.memory`, the one memory rule), asked once
     change = {(s, k): c.memory(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
     peak: list[float] = []
+    deltas: list[float] = []
     items = {r: list(schedule.program.get(r, ())) for r in range(schedule.pp)}
     for rank in range(schedule.pp):
         spans = times[rank]
         # one action at a time in program order: the peak is the running maximum of the
         # changes in that order (what memory_steps' levels reach, without sorting them)
         mine = _changes(items[rank], change)
+        deltas += mine
         peak.append(max(0.0, max(accumulate(mine), default=0.0)))
         # its span is first start to last end (the numbers rank_spans gives for any events)
         starts.append(spans[0][0] if spans else 0.0)
@@ -226,4 +218,5 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         items=items,
         times=times,
         per_stage=list(per_stage_costs),
+        deltas=deltas,
     )

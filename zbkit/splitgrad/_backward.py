@@ -192,10 +192,12 @@ def stage_backward_input(
             for j, node in enumerate(group.intermediates):
                 handles.append(node.register_prehook(functools.partial(_capture, work.captured, j)))
 
-        late: list[Node] = []  # what W never runs, to free when I returns
+        # what W never runs, to free when I returns: (node, its saved-tensor attributes)
+        late: list[tuple[Node, tuple[str, ...]]] = []
         if eager is not None and not retain_graph:
-            early, late = eager.input_only(works, tuple(t.shape for t in tensors))
+            early, rest = eager.input_only(works, tuple(t.shape for t in tensors))
             handles += [release_when_run(node, eager.slot_names(node)) for node in early]
+            late = [(node, eager.slot_names(node)) for node in rest]
         found: tuple = ()
         if run_i:
             with grad_directions(GradDirection.INPUT):
@@ -210,8 +212,8 @@ def stage_backward_input(
             ready_grads = iter(found[len(wanted) :])
             for work in works:
                 work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
-            for node in late:
-                release_named(node, eager.slot_names(node))  # type: ignore[union-attr]
+            for node, names in late:
+                release_named(node, names)
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle

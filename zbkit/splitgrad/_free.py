@@ -79,11 +79,16 @@ def _names(node: Node) -> tuple[str, ...]:
     return names
 
 
+def _entries(node: Node, name: str) -> Iterable:
+    """The SavedVariables of one saved-tensor attribute (a list for some ops)."""
+    saved = getattr(node, name)
+    return saved if isinstance(saved, list | tuple) else (saved,)
+
+
 def _slots(node: Node) -> Iterator:
     """A built-in node's SavedVariables (lists flattened)."""
     for name in _names(node):
-        saved = getattr(node, name)
-        yield from saved if isinstance(saved, list | tuple) else (saved,)
+        yield from _entries(node, name)
 
 
 def free_early(nodes: Iterable[Node]) -> tuple[list[Node], list[Node]]:
@@ -92,7 +97,7 @@ def free_early(nodes: Iterable[Node]) -> tuple[list[Node], list[Node]]:
     late: list[Node] = []
     for node in nodes:
         held = 0
-        for one in _slots(node) if not isinstance(node, BackwardCFunction) else ():
+        for one in _slots(node):  # input-only nodes are built-in (`input_only_nodes`)
             tensor = one.data if one.unpack_hook is None else None
             if tensor is not None:
                 held += tensor.numel() * tensor.element_size()
@@ -131,12 +136,7 @@ def freeable(node: Node) -> tuple[str, ...]:
     analysis plan keeps these names per node position (`_plan`) and later graphs free
     with `release_named`: a third of the cost, without reading each tensor back.
     """
-    names = []
-    for name in _names(node):
-        saved = getattr(node, name)
-        if any(_freeable(one) for one in (saved if isinstance(saved, list | tuple) else (saved,))):
-            names.append(name)
-    return tuple(names)
+    return tuple(n for n in _names(node) if any(_freeable(one) for one in _entries(node, n)))
 
 
 def release_named(node: Node, names: tuple[str, ...]) -> None:
@@ -146,8 +146,7 @@ def release_named(node: Node, names: tuple[str, ...]) -> None:
     was freed) or holds nothing this time is skipped, as `release_saved` would skip it.
     """
     for name in names:
-        saved = getattr(node, name)
-        for one in saved if isinstance(saved, list | tuple) else (saved,):
+        for one in _entries(node, name):
             try:
                 one.register_hooks(_drop, unpack_freed)
             except RuntimeError:  # hooks already set, or no tensor saved there
