@@ -125,7 +125,22 @@ def check_pp_dp(names: list[str], m: int, backend: str = "gloo") -> list[dict]:
     return report
 
 
-def _fault_case(case: str, group, timeout: float) -> None:
+# Per case, the ranks whose wait is the outcome the test expects: they wait for a message the
+# failed rank never sends, so they get the short timeout. Every other rank's waits must succeed
+# (the rank that fails by itself, on its way to the failure; every rank of a case that runs):
+# they get minutes, as a busy machine may take seconds to deliver a message. (A runner has one
+# timeout: a waiting rank's receives before the failure, e.g. rank 1's for 1F0 when rank 2
+# raises, share its short one.)
+WAIT_IN_VAIN = {
+    "missing target": {0, 1, 2},  # rank 3 refuses the step: nothing reaches the loss
+    "shape mismatch": {0, 2, 3},  # rank 1's forward raises
+    "shape changes": {0, 2, 3},  # rank 1 refuses to send the wider microbatch
+    "stage raises": {0, 1, 3},  # rank 2's forward raises
+    "non-dict output": {0, 1, 2},  # rank 3's forward returns a list
+}
+
+
+def _fault_case(case: str, group, fail_timeout: float, timeout: float) -> None:
     """Runs one broken setup on a fresh group; raises whatever this rank runs into."""
     from torch import nn
 
@@ -180,9 +195,14 @@ def _fault_case(case: str, group, timeout: float) -> None:
 
         mods[3] = ListOut()
     stages = [PipelineStage(mods[s], s, sch.num_stages) for s in sch.stages_on(rank)]
-    runner = ScheduleRunner(sch, stages, loss_fn, group=group, timeout=timeout)
+    waits = fail_timeout if rank in WAIT_IN_VAIN.get(case, ()) else timeout
+    runner = ScheduleRunner(sch, stages, loss_fn, group=group, timeout=waits)
     targets = None if case == "missing target" else y
     runner.step(x, targets=targets)
+    if case == "batch changes" and rank != 0:
+        # rank 0 will refuse to send the smaller batch (its shapes are cached), so the others
+        # wait in vain: a runner with the short timeout (a runner's timeout is fixed)
+        runner = ScheduleRunner(sch, stages, loss_fn, group=group, timeout=fail_timeout)
     if case in ("batch changes", "batch changes, shapes forgotten"):
         # shapes were agreed on the first step; a smaller batch must be named, not misread
         if case.endswith("forgotten"):
@@ -199,8 +219,12 @@ def _fault_case(case: str, group, timeout: float) -> None:
         assert runner.p2p.pending == 0, f"{runner.p2p.pending} transfers outlive the step"
 
 
-def check_faults(cases: list[str], timeout: float) -> list[dict]:
-    """Every case on its own process group, so a failed case's stray messages stay there."""
+def check_faults(cases: list[str], fail_timeout: float, timeout: float) -> list[dict]:
+    """Every case on its own process group, so a failed case's stray messages stay there.
+
+    A wait the case expects to time out gives up after `fail_timeout` seconds; every wait that
+    must succeed gets `timeout` (WAIT_IN_VAIN says which is which).
+    """
     report = []
     for case in cases:
         group = dist.new_group(list(range(dist.get_world_size())))
@@ -208,7 +232,7 @@ def check_faults(cases: list[str], timeout: float) -> list[dict]:
         # together, as the runner no longer runs a barrier per step
         dist.barrier(group)
         try:
-            _fault_case(case, group, timeout)
+            _fault_case(case, group, fail_timeout, timeout)
             outcome = "ok"
         except Exception as exc:  # the test asserts on the type and the message
             notes = "\n".join(getattr(exc, "__notes__", []))
