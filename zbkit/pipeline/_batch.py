@@ -1,8 +1,9 @@
 """A step's batch, checked and cut into microbatches: the one check both executors run.
 
-A batch is ``inputs`` and ``targets``, each a tensor or a dict of them (dicts may nest).
-Every tensor is cut on dim 0 into ``m`` equal parts, and microbatch j takes part j of
-each. That pairs the right rows only if every tensor has the same number of rows: were
+A batch is ``inputs`` and ``targets``, each a tensor, a tuple of them (stage 0's positional
+inputs) or a dict of them (these may nest; a ``None`` inside stays ``None`` in every
+microbatch). Every tensor is cut on dim 0 into ``m`` equal parts, and microbatch j takes
+part j of each. That pairs the right rows only if every tensor has the same number of rows: were
 ``x`` 8 rows and ``y`` 4, microbatch j would pair rows 2j..2j+1 of x with row j of y, and
 a loss like ``mse_loss`` would broadcast the mismatch without a word. So before cutting:
 
@@ -63,16 +64,28 @@ def _leaves(batch: Any, name: str) -> Iterator[tuple[str, torch.Tensor]]:
         if not batch:
             raise ValueError(f"{name} is an empty dict: a batch needs at least one tensor")
         for k, v in batch.items():
-            yield from _leaves(v, f"{name}[{k!r}]")
+            if v is not None:
+                yield from _leaves(v, f"{name}[{k!r}]")
+    elif isinstance(batch, tuple):  # not a list: that may be microbatches split already
+        if not any(v is not None for v in batch):
+            raise ValueError(f"{name} is a tuple without a tensor")
+        for i, v in enumerate(batch):
+            if v is not None:
+                yield from _leaves(v, f"{name}[{i}]")
     else:
         raise TypeError(
-            f"{name} must be a tensor or a dict of tensors (split on dim 0), "
+            f"{name} must be a tensor, a tuple or a dict of tensors (each split on dim 0), "
             f"got {type(batch).__name__}"
         )
 
 
 def _split(batch: Any, m: int) -> list[Any]:
+    if batch is None:  # an absent optional input: None in every microbatch
+        return [None] * m
     if isinstance(batch, torch.Tensor):
         return list(batch.chunk(m))  # rows % m == 0: m equal views
+    if isinstance(batch, tuple):
+        columns = [_split(v, m) for v in batch]
+        return [tuple(c[j] for c in columns) for j in range(m)]
     parts = {k: _split(v, m) for k, v in batch.items()}
     return [{k: p[j] for k, p in parts.items()} for j in range(m)]

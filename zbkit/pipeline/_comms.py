@@ -105,7 +105,7 @@ class P2P:
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
     # ------------------------------------------------------------------ send
-    def send(self, comm: Comm, tensors: dict[str, torch.Tensor]) -> None:
+    def send(self, comm: Comm, tensors: dict[str, torch.Tensor | None]) -> None:
         """Posts the sends of one message; they complete while this rank computes on.
 
         Once this transfer's shapes are agreed, its tags and peer are kept (a "route") and a
@@ -146,8 +146,9 @@ class P2P:
                 return
         self._send_checked(comm, tensors)
 
-    def _send_checked(self, comm: Comm, tensors: dict[str, torch.Tensor]) -> None:
-        """The first send of a transfer (agreeing or checking the edge's shapes) or a bad one."""
+    def _send_checked(self, comm: Comm, tensors: dict[str, torch.Tensor | None]) -> None:
+        """The first send of a transfer (agreeing or checking the edge's shapes), a bad one,
+        or one carrying ``None`` values (their names are in the agreed shapes; no data)."""
         meta = Meta.of(tensors)
         if len(meta.names) > _SLOTS:
             raise ValueError(f"{self.where}: {comm} carries {len(meta.names)} tensors (max 64)")
@@ -163,15 +164,18 @@ class P2P:
                 "shapes and dtypes; for a new batch shape call runner.forget_shapes() on every "
                 "rank before the step"
             )
-        data = [tensors[k].contiguous() for k in meta.names]  # the wire reads the data only
+        # the wire reads the data only
+        data = [t.contiguous() for k in meta.names if (t := tensors[k]) is not None]
         tags = [self._tag(comm, i) for i in range(len(data))]
         self._post(CommOp.SEND, comm, data, tags)
+        if meta.nones:
+            return  # no fast route: the route's checks know tensors only
         shapes = tuple(torch.Size(x) for x in meta.shapes)
         route = (meta.names, shapes, meta.dtypes, meta.requires_grad, tags)
         self._sends[comm] = (*route, self._global(comm.peer))
 
     # ------------------------------------------------------------------ recv
-    def recv(self, comm: Comm) -> dict[str, torch.Tensor]:
+    def recv(self, comm: Comm) -> dict[str, torch.Tensor | None]:
         """Receives one message; blocks at most ``timeout`` seconds per tensor.
 
         The receive is posted when its turn comes, not ahead: on gloo a receive posted ahead
@@ -179,7 +183,13 @@ class P2P:
         while a message that arrives first simply waits for its receive.
         """
         route = self._recvs.get(comm) or self._recv_route(comm)
-        names, bufs, floats, grads, tags, peer = route
+        names, bufs, floats, grads, tags, peer, nones = route
+        if nones:  # a tuple's None places: no data on the wire, None on arrival
+            return {**self._recv_tensors(comm, route), **dict.fromkeys(nones)}
+        return self._recv_tensors(comm, route)
+
+    def _recv_tensors(self, comm: Comm, route: tuple) -> dict[str, torch.Tensor | None]:
+        names, bufs, floats, grads, tags, peer, _ = route
         if len(bufs) == 1 and not self.batched:  # one tensor: as few steps as possible
             work = self._pg.recv(bufs, comm.peer, tags[0])
             try:
@@ -221,7 +231,8 @@ class P2P:
         ]
         floats = tuple(b.is_floating_point() for b in bufs)
         tags = [self._tag(comm, i) for i in range(len(bufs))]
-        route = (meta.names, bufs, floats, meta.requires_grad, tags, self._global(comm.peer))
+        peer = self._global(comm.peer)
+        route = (meta.names, bufs, floats, meta.requires_grad, tags, peer, meta.nones)
         self._recvs[comm] = route
         return route
 

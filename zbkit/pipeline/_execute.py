@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from zbkit.pipeline.stage import PipelineStage, StageError
+from zbkit.pipeline.stage import Message, PipelineStage, StageError
 from zbkit.pipeline.trace import Event, MemorySample, Trace
 from zbkit.schedules import Action, Overlap, Product
 
@@ -36,13 +36,42 @@ Key = tuple[Product, int, int]  # (ACT | GRAD, consuming stage, microbatch), as 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
-def one_target(targets: Any, target: Any) -> Any:
-    """``step(targets=...)`` or torch's spelling ``step(target=...)``; not both."""
-    if targets is not None and target is not None:
+UNSET: Any = object()  # a keyword not given, told apart from an explicit None
+
+
+def step_arguments(args: tuple, targets: Any, target: Any) -> tuple[Any, Any]:
+    """``step``'s arguments as (inputs, targets), in zbkit's form and in torch's::
+
+        step(x, y)                  zbkit: the inputs, then the targets
+        step(x, targets=y)          both (torch names it ``target=``)
+        step(x1, x2, target=y)      torch: several positional inputs, stage 0 gets
+                                    module(x1, x2); so does step((x1, x2), y)
+
+    Once the targets are named, every positional argument is an input (on a rank without
+    the last stage, ``step(x1, x2, target=None)``).
+    """
+    if targets is not UNSET and target is not UNSET:
         raise TypeError(
             "step() got both targets= and target= (torch's name for the same thing); pass one"
         )
-    return target if targets is None else targets
+    named = targets if target is UNSET else target
+    if named is not UNSET:  # torch's form: everything positional is an input
+        return (args[0] if len(args) == 1 else tuple(args) or None), named
+    if len(args) > 2:
+        raise TypeError(
+            f"step() got {len(args)} positional arguments; with several inputs name the "
+            "targets as torch does, step(x1, x2, target=y), or pass the inputs as one tuple, "
+            "step((x1, x2), y)"
+        )
+    return (args[0] if args else None), (args[1] if len(args) == 2 else None)
+
+
+def check_loss_fn(loss_fn: Any, who: str) -> None:
+    if not callable(loss_fn):
+        raise TypeError(
+            f"{who}: loss_fn must be a callable loss_fn(output, target) -> scalar tensor "
+            f"(e.g. torch.nn.functional.cross_entropy), got {type(loss_fn).__name__}"
+        )
 
 
 def fill_losses(losses: list | None, got: list[torch.Tensor] | None) -> None:
@@ -53,16 +82,18 @@ def fill_losses(losses: list | None, got: list[torch.Tensor] | None) -> None:
         losses.extend(got)
 
 
-def handover(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def handover(tensors: Mapping[str, torch.Tensor | None]) -> Message:
     """What a stage on the same rank receives: the same values, cut from the sender's graph.
 
     Each stage runs its own backward, so the receiving stage must see fresh leaves (that
     collect the gradient it sends back), exactly as if the tensors had crossed the wire.
+    A ``None`` output stays ``None`` (it keeps its place in a tuple).
     """
-    return {
-        k: v.detach().requires_grad_(v.requires_grad) if v.is_floating_point() else v.detach()
-        for k, v in tensors.items()
-    }
+    return {k: None if v is None else _leaf(v) for k, v in tensors.items()}
+
+
+def _leaf(v: torch.Tensor) -> torch.Tensor:
+    return v.detach().requires_grad_(v.requires_grad) if v.is_floating_point() else v.detach()
 
 
 class StepState:
@@ -88,8 +119,8 @@ class StepState:
         self.inputs = inputs
         self.targets = targets
         self.clock = clock
-        self.inbox: dict[Key, dict[str, torch.Tensor]] = {}
-        self.outbox: dict[Key, dict[str, torch.Tensor]] = {}
+        self.inbox: dict[Key, Message] = {}
+        self.outbox: dict[Key, Message] = {}
         self.losses: dict[int, torch.Tensor] = {}
         self.trace = Trace()
         self.last = len(stage_to_rank) - 1
@@ -171,11 +202,17 @@ class StepState:
             try:
                 loss = self.loss_fn(output, target)
             except Exception as exc:  # re-raised naming what loss_fn got; the cause keeps its trace
+                missing = (
+                    " and target=None: the step was given no targets; pass "
+                    "step(inputs, targets=...)"
+                    if target is None
+                    else ""
+                )
                 raise StageError(
                     f"{a}: stage {stage.stage_index} microbatch {j}: loss_fn raised "
                     f"{type(exc).__name__}: {exc}. It was given {_form(output)}: the last stage "
                     "module's output as the module returns it (dict[str, Tensor], a Tensor or "
-                    "a tuple of Tensors)"
+                    f"a tuple of Tensors){missing}"
                 ) from exc
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise StageError(f"{a}: loss_fn must return a scalar tensor, got {loss!r}")
@@ -193,7 +230,7 @@ class StepState:
         stage.backward_weight(a.microbatch)
 
     # ------------------------------------------------------------------ mailboxes
-    def _take(self, key: Key, a: Any) -> dict[str, torch.Tensor]:
+    def _take(self, key: Key, a: Any) -> Message:
         try:
             return self.inbox.pop(key)
         except KeyError:
@@ -203,7 +240,7 @@ class StepState:
                 "arrived: the program runs it before the action that produces them"
             ) from None
 
-    def _give(self, key: Key, tensors: dict[str, torch.Tensor]) -> None:
+    def _give(self, key: Key, tensors: Message) -> None:
         if key[1] in self.stages:  # the consuming stage lives here: hand over locally
             self.inbox[key] = handover(tensors)
         else:

@@ -9,6 +9,7 @@ up among torch's dtypes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -22,22 +23,27 @@ class Meta:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
     requires_grad: tuple[bool, ...]
+    nones: tuple[str, ...] = ()  # names that travel as None (no data): a tuple keeps its places
 
     @classmethod
-    def of(cls, tensors: dict[str, torch.Tensor]) -> Meta:
-        names = tuple(sorted(tensors))  # a deterministic order by key on both sides
+    def of(cls, tensors: Mapping[str, torch.Tensor | None]) -> Meta:
+        # a deterministic order by key on both sides
+        present = {k: v for k, v in tensors.items() if v is not None}
+        names = tuple(sorted(present))
         return cls(
             names,
-            tuple(tuple(tensors[k].shape) for k in names),
-            tuple(tensors[k].dtype for k in names),
-            tuple(tensors[k].requires_grad for k in names),
+            tuple(tuple(present[k].shape) for k in names),
+            tuple(present[k].dtype for k in names),
+            tuple(present[k].requires_grad for k in names),
+            tuple(sorted(k for k, v in tensors.items() if v is None)),
         )
 
     def describe(self) -> str:
-        return ", ".join(
+        parts = [
             f"{n}: {str(d).removeprefix('torch.')}{list(s)}"
             for n, s, d in zip(self.names, self.shapes, self.dtypes, strict=True)
-        )
+        ]
+        return ", ".join(parts + [f"{n}: None" for n in self.nones])
 
 
 def pack(meta: Meta, device: torch.device) -> torch.Tensor:
@@ -47,6 +53,7 @@ def pack(meta: Meta, device: torch.device) -> torch.Tensor:
         "shapes": [list(s) for s in meta.shapes],
         "dtypes": [str(d).removeprefix("torch.") for d in meta.dtypes],
         "requires_grad": list(meta.requires_grad),
+        "nones": list(meta.nones),
     }
     blob = json.dumps(doc).encode()
     if len(blob) + 4 > META_BYTES:
@@ -61,7 +68,7 @@ def pack(meta: Meta, device: torch.device) -> torch.Tensor:
 
 
 def unpack(buf: torch.Tensor) -> Meta:
-    raw = buf.cpu().numpy().tobytes()
+    raw = bytes(buf.cpu().tolist())  # not .numpy(): the core install has no NumPy
     doc = json.loads(raw[4 : 4 + int.from_bytes(raw[:4], "little")])
     dtypes = []
     for name in doc["dtypes"]:
@@ -74,4 +81,5 @@ def unpack(buf: torch.Tensor) -> Meta:
         tuple(tuple(int(x) for x in s) for s in doc["shapes"]),
         tuple(dtypes),
         tuple(bool(r) for r in doc["requires_grad"]),
+        tuple(str(n) for n in doc.get("nones", ())),
     )

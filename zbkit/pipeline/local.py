@@ -16,10 +16,19 @@ import torch
 from torch import nn
 
 from zbkit.pipeline._batch import split_batch
-from zbkit.pipeline._execute import LossFn, StepState, fill_losses, one_target, timer
+from zbkit.pipeline._execute import (
+    UNSET,
+    LossFn,
+    StepState,
+    check_loss_fn,
+    fill_losses,
+    step_arguments,
+    timer,
+)
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Trace
 from zbkit.schedules import Schedule, ScheduleError, validate
+from zbkit.schedules.schedule import expect_schedule
 
 
 class LocalPipeline:
@@ -32,6 +41,13 @@ class LocalPipeline:
         loss_fn: LossFn,
         scale_grads: bool = True,
     ) -> None:
+        schedule = expect_schedule(schedule, "LocalPipeline")
+        check_loss_fn(loss_fn, "LocalPipeline")
+        if isinstance(modules, nn.Module | PipelineStage):
+            raise TypeError(
+                "LocalPipeline takes a list of modules, one per stage in stage order, got one "
+                f"{type(modules).__name__}: split the model first ([m0, m1, ...])"
+            )
         if len(modules) != schedule.num_stages:
             raise ValueError(
                 f"the schedule has {schedule.num_stages} stages but {len(modules)} modules were "
@@ -61,23 +77,24 @@ class LocalPipeline:
 
     def step(
         self,
-        inputs: Any,
-        targets: Any = None,
-        *,
-        target: Any = None,
+        *args: Any,
+        targets: Any = UNSET,
+        target: Any = UNSET,
         losses: list | None = None,
     ) -> list[torch.Tensor]:
         """One training step's forward and backward; returns the per-microbatch losses.
 
+        ``step(inputs, targets)``, or as torch's ``schedule.step``: ``step(x, target=y)``,
+        ``step(x1, x2, target=y)`` for a first stage taking several inputs (a tuple
+        ``step((x1, x2), y)`` is the same), and a ``losses`` list filled with the losses.
         Gradients are accumulated into ``.grad``; with ``scale_grads`` they equal those of
-        the mean microbatch loss (one full-batch step). As in torch's ``schedule.step``,
-        ``target=`` may name the targets and a ``losses`` list is filled with the losses.
+        the mean microbatch loss (one full-batch step).
         """
-        targets = one_target(targets, target)
-        m = self.schedule.microbatches
-        inputs, targets = split_batch(m, inputs, targets)
+        inputs, targets = step_arguments(args, targets, target)
         if inputs is None:
             raise ValueError("step(inputs, ...) needs the inputs of stage 0, got None")
+        m = self.schedule.microbatches
+        inputs, targets = split_batch(m, inputs, targets)
         state = StepState(
             dict(enumerate(self.stages)),
             list(self.schedule.stage_to_rank),

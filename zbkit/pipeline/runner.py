@@ -24,12 +24,21 @@ import torch
 import torch.distributed as dist
 
 from zbkit.parallel import average_gradients
+from zbkit.pipeline._agree import agree_on_schedule
 from zbkit.pipeline._batch import split_batch
 from zbkit.pipeline._comms import P2P, CommTimeout
-from zbkit.pipeline._execute import LossFn, StepState, fill_losses, one_target
+from zbkit.pipeline._execute import (
+    UNSET,
+    LossFn,
+    StepState,
+    check_loss_fn,
+    fill_losses,
+    step_arguments,
+)
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Comm, CommOp, Schedule, derive_plan, validate
+from zbkit.schedules.schedule import expect_schedule
 
 
 class ScheduleRunner:
@@ -66,6 +75,8 @@ class ScheduleRunner:
                 "ScheduleRunner needs torch.distributed: run it under zbkit.launch, a Cluster "
                 "or torchrun (or use LocalPipeline for every stage in one process)"
             )
+        schedule = expect_schedule(schedule, "ScheduleRunner")
+        check_loss_fn(loss_fn, "ScheduleRunner")
         validate(schedule)  # a broken program would only show up as timeouts
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         if schedule.pp != world:
@@ -104,6 +115,7 @@ class ScheduleRunner:
             if "W" in a.info.parts
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
+        self._agreed = False  # the ranks agree on the schedule at the first step
         self.trace = Trace()
 
     def __repr__(self) -> str:
@@ -114,23 +126,24 @@ class ScheduleRunner:
 
     def step(
         self,
-        inputs: Any = None,
-        targets: Any = None,
-        *,
-        target: Any = None,
+        *args: Any,
+        targets: Any = UNSET,
+        target: Any = UNSET,
         losses: list | None = None,
     ) -> list[torch.Tensor] | None:
         """One training step; the per-microbatch losses on the last stage's rank, else None.
 
-        ``inputs`` (a tensor or a dict of tensors) matter on stage 0's rank and ``targets``
-        on the last stage's; both are split on dim 0 into ``schedule.microbatches`` parts.
-        As in torch's ``schedule.step``, ``target=`` may name the targets and a ``losses``
-        list is filled with the losses on the last stage's rank. (torch's step returns the
-        last stage's outputs; zbkit's returns the losses.)
+        ``step(inputs, targets)``: the inputs (a tensor, a tuple or a dict of tensors) matter
+        on stage 0's rank and the targets on the last stage's; both are split on dim 0 into
+        ``schedule.microbatches`` parts. As in torch's ``schedule.step``, ``target=`` may
+        name the targets, several inputs may come positionally once the targets are named
+        (``step(x1, x2, target=y)``; ``target=None`` on a rank without the last stage) and
+        a ``losses`` list is filled with the losses on the last stage's rank. (torch's step
+        returns the last stage's outputs; zbkit's returns the losses.)
         If a step fails, the stages are cleared, but messages of the broken step may still
         be on the wire: build a new runner on a fresh group before training on.
         """
-        targets = one_target(targets, target)
+        inputs, targets = step_arguments(args, targets, target)
         m, last = self.schedule.microbatches, self.schedule.num_stages - 1
         if 0 in self.stages and inputs is None:
             raise ValueError(f"rank {self.rank} holds stage 0: pass step(inputs, ...) here")
@@ -160,6 +173,13 @@ class ScheduleRunner:
             clock,
             cuda=self.backend == "nccl",  # GPU actions timed with CUDA events
         )
+        if not self._agreed:  # once: the same schedule everywhere, or every rank fails now
+            agree_on_schedule(self.schedule, self.group, self.p2p.device, self.timeout, "pipeline")
+            if self.dp_group is not None:
+                agree_on_schedule(
+                    self.schedule, self.dp_group, self.p2p.device, self.timeout, "data-parallel"
+                )
+            self._agreed = True
         self.p2p.expect(self.plan.comms)
         reductions = []  # zbkit.parallel's averages in flight, one per stage
         done = 0  # compute actions finished: the position in this rank's program

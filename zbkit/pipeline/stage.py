@@ -19,7 +19,8 @@ activations weigh in bytes (the tensors autograd saved, see ``_saved.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +29,10 @@ from torch import nn
 
 from zbkit import splitgrad
 from zbkit.pipeline._saved import count_saved, signature
+from zbkit.splitgrad._backward import NO_GRAPH
 
 Tensors = dict[str, torch.Tensor]
+Message = dict[str, torch.Tensor | None]  # what travels: a None keeps its place in a tuple
 
 
 @dataclass(slots=True)
@@ -133,13 +136,14 @@ class PipelineStage:
         return [p for p in self.module.parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ F
-    def forward(
-        self, microbatch: int, inputs: Mapping[str, torch.Tensor] | torch.Tensor
-    ) -> Tensors:
+    def forward(self, microbatch: int, inputs: Mapping[str, Any] | torch.Tensor | tuple) -> Message:
         """Runs the module on one microbatch and caches what its backward will need.
 
         ``inputs`` is a dict of keyword tensors; a bare tensor (stage 0's data) is passed
-        positionally.
+        positionally, and so is a tuple (stage 0 with several inputs, torch's
+        ``step(x1, x2, ...)``). A ``None`` keeps its place: an HF-style ``(hidden, None,
+        mask)`` from the previous stage arrives as ``module(hidden, None, mask)``.
+        Returns the outputs by name, ``None`` ones included (they travel as ``None``).
         """
         if microbatch in self._activations or microbatch in self._pending_weight:
             raise StageError(f"{self._name(microbatch)}: forward ran twice before its backward")
@@ -147,12 +151,14 @@ class PipelineStage:
             inputs = _as_leaves(inputs)
         if isinstance(inputs, torch.Tensor):
             args, inputs = (inputs,), {"input": inputs}
+        elif isinstance(inputs, tuple | list):
+            args, inputs = tuple(inputs), {str(i): v for i, v in enumerate(inputs)}
         elif isinstance(inputs, Mapping):
             args = _positional(inputs)  # a Tensor / tuple the previous stage returned
         else:
             raise StageError(
-                f"{self._name(microbatch)}: inputs must be a tensor or a dict of tensors, got "
-                f"{type(inputs).__name__}"
+                f"{self._name(microbatch)}: inputs must be a tensor, a tuple or a dict of "
+                f"tensors, got {type(inputs).__name__}"
             )
         run = lambda: self.module(*args, **({} if args else inputs))  # noqa: E731
         key = signature(inputs)
@@ -168,11 +174,11 @@ class PipelineStage:
                 f"{type(exc).__name__}: {exc} (inputs: {_describe(inputs)})"
             ) from exc
         out, self._returns = _as_dict(out, self._name(microbatch))
-        outputs = {k: v for k, v in out.items() if v is not None}
+        outputs = {k: v for k, v in out.items() if v is not None}  # what the backward starts at
         self._activations[microbatch] = _Activation(dict(inputs), outputs, nbytes=nbytes)
-        return outputs
+        return dict(out)
 
-    def module_output(self, outputs: Tensors) -> Any:
+    def module_output(self, outputs: Message) -> Any:
         """``outputs`` (what ``forward`` returned) in the module's own form: the dict, the
         Tensor or the tuple, as a torch-style ``loss_fn(output, target)`` expects it."""
         if isinstance(self._returns, int):  # a tuple of that many
@@ -188,6 +194,13 @@ class PipelineStage:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise StageError(
                 f"{self._name(microbatch)}: loss_fn must return a scalar tensor, got {loss!r}"
+            )
+        if not loss.requires_grad:  # as loss.backward() refuses, instead of training nothing
+            mode = " (grad mode is off here: the step runs under torch.no_grad())"
+            raise StageError(
+                f"{self._name(microbatch)}: the loss does not require grad, so this step "
+                f"would train nothing; {NO_GRAPH}"
+                f"{mode if not torch.is_grad_enabled() else ''}"
             )
         self._take_activation(microbatch, "set_loss", pop=False).loss = loss
 
@@ -207,7 +220,8 @@ class PipelineStage:
         if not inputs or not roots:  # no input gradient to compute: run it all at W
             self._pending_weight[microbatch] = _PendingWeight(roots, None, grads)
             return {}
-        result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
+        with self._naming(microbatch, "I"):
+            result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
         # the pending W holds the graph it walks; the outputs themselves can go
         self._pending_weight[microbatch] = _PendingWeight([], result.pending_weight)
         return {} if self.is_first else _named_grads(names, result.input_grads)
@@ -218,11 +232,12 @@ class PipelineStage:
         if pending is None:
             state = "has not run F" if microbatch not in self._activations else "has not run I"
             raise StageError(f"{self._name(microbatch)}: W before I ({state})")
-        if pending.split is None:  # deferred full backward (stage 0, or nothing to send)
-            if pending.roots:
-                splitgrad.stage_backward_full(pending.roots, pending.root_grads, [])
-            return
-        splitgrad.stage_backward_weight(self._weights(), pending.split)
+        with self._naming(microbatch, "W"):
+            if pending.split is None:  # deferred full backward (stage 0, or nothing to send)
+                if pending.roots:
+                    splitgrad.stage_backward_full(pending.roots, pending.root_grads, [])
+                return
+            splitgrad.stage_backward_weight(self._weights(), pending.split)
 
     def backward_full(
         self, microbatch: int, output_grads: Mapping[str, torch.Tensor] | None
@@ -233,7 +248,8 @@ class PipelineStage:
         if not roots:
             return {}
         names, inputs = _grad_inputs(act.inputs) if not self.is_first else ([], [])
-        input_grads = splitgrad.stage_backward_full(roots, grads, inputs)
+        with self._naming(microbatch, "B"):
+            input_grads = splitgrad.stage_backward_full(roots, grads, inputs)
         return _named_grads(names, input_grads)
 
     # ------------------------------------------------------------------ housekeeping
@@ -250,6 +266,16 @@ class PipelineStage:
         """Drops every cached microbatch (after a failed step), freeing its graph."""
         self._activations.clear()
         self._pending_weight.clear()
+
+    @contextlib.contextmanager
+    def _naming(self, microbatch: int, what: str) -> Iterator[None]:
+        """A backward's failure (a user's hook, autograd's refusal) names stage and microbatch."""
+        try:
+            yield
+        except RuntimeError as exc:  # the cause keeps its traceback
+            raise StageError(
+                f"{self._name(microbatch)}: its {what} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _take_activation(self, microbatch: int, what: str, pop: bool = True) -> _Activation:
         act = self._activations.get(microbatch)
@@ -270,7 +296,7 @@ class PipelineStage:
         if self.is_last:
             if act.loss is None:
                 raise StageError(f"{self._name(microbatch)}: backward before its loss was set")
-            return ([act.loss] if act.loss.requires_grad else []), None
+            return [act.loss], None  # set_loss made sure it requires grad
         grads = dict(output_grads or {})
         unknown = sorted(set(grads) - set(act.outputs))
         if unknown:
@@ -322,9 +348,11 @@ def _kind(value: Any) -> str:
 
 
 def _positional(inputs: Mapping[str, Any]) -> tuple:
-    """The positional arguments a Tensor- or tuple-returning previous stage handed over."""
-    if inputs and all(k == str(i) for i, k in enumerate(inputs)):
-        return tuple(inputs.values())
+    """The positional arguments a Tensor- or tuple-returning previous stage handed over:
+    keys "0".."n-1" (in any order: the wire sorts names as strings, "10" before "2")."""
+    n = len(inputs)
+    if n and all(k.isdigit() for k in inputs) and {int(k) for k in inputs} == set(range(n)):
+        return tuple(inputs[str(i)] for i in range(n))
     return ()
 
 
@@ -354,20 +382,24 @@ def _refuse_torch_only(stage_index: int, given: Mapping[str, Any]) -> None:
     )
 
 
-def _as_leaves(inputs: Mapping[str, torch.Tensor] | torch.Tensor) -> Any:
-    def leaf(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().requires_grad_() if t.is_floating_point() else t
+def _as_leaves(inputs: Mapping[str, Any] | torch.Tensor | tuple) -> Any:
+    def leaf(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.detach().requires_grad_()
+        return t
 
     if isinstance(inputs, torch.Tensor):
         return leaf(inputs)
+    if isinstance(inputs, tuple | list):
+        return tuple(leaf(v) for v in inputs)
     if isinstance(inputs, Mapping):
-        return {k: leaf(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        return {k: leaf(v) for k, v in inputs.items()}
     return inputs
 
 
 def _grad_inputs(inputs: Tensors) -> tuple[list[str], list[torch.Tensor]]:
     """The inputs a gradient is sent back for: those that arrived requiring grad."""
-    names = [k for k, v in inputs.items() if v.requires_grad]
+    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
     return names, [inputs[k] for k in names]
 
 

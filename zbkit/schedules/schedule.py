@@ -227,6 +227,29 @@ class Schedule:
         )
 
 
+def expect_schedule(value: object, who: str) -> Schedule:
+    """``value`` if it is a ``Schedule``; else a TypeError saying how to make one from it."""
+    if isinstance(value, Schedule):
+        return value
+    if isinstance(value, str):
+        hint = (
+            f"the string {value!r}: build it first, "
+            f"build_schedule({value!r}, pp=..., microbatches=...)"
+        )
+    elif (getattr(value, "__module__", "") or "").startswith("torch.distributed.pipelining"):
+        name = getattr(value, "__name__", type(value).__name__)
+        hint = (
+            f"torch's {name}: convert it with Schedule.from_torch(schedule) (a class needs "
+            "its sizes: Schedule.from_torch(cls, pp=..., microbatches=...))"
+        )
+    else:
+        hint = f"{type(value).__name__}"
+    raise TypeError(
+        f"{who} takes a zbkit Schedule (from build_schedule, Schedule.from_torch or "
+        f"Schedule.load), got {hint}"
+    )
+
+
 def _read_cell(cell: str, rank: int, col: int) -> Action | Overlap | TorchOp | None:
     """One CSV cell: None for an idle step (torch's compute-only form leaves it empty)."""
     if not cell:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from zbkit.schedules import _engine
 from zbkit.schedules.action import KINDS, PARTS, Action, Overlap, Product, kinds_making
-from zbkit.schedules.schedule import Schedule, ScheduleError
+from zbkit.schedules.schedule import Schedule, ScheduleError, expect_schedule
 from zbkit.schedules.torch_ops import check_torch_ops
 
 __all__ = ["validate"]
@@ -70,6 +70,7 @@ def check_actions(schedule: Schedule) -> None:
 
 
 def _check_shape(schedule: Schedule) -> None:
+    expect_schedule(schedule, "validate")
     pp, placement = schedule.pp, schedule.stage_to_rank
     if schedule.microbatches < 1:
         raise ScheduleError(f"microbatches must be >= 1, got {schedule.microbatches}")

@@ -18,6 +18,7 @@ After I then W every `.grad` equals what one `torch.autograd.backward` gives.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -65,11 +66,48 @@ def check_tensors(name: str, values: Sequence) -> list[torch.Tensor]:
     return values
 
 
+NO_GRAPH = (
+    "it was computed without an autograd graph: a .detach() or .item() on the way, a "
+    "forward under torch.no_grad() / inference_mode(), or every parameter it depends on "
+    "frozen; loss.backward() would raise 'element 0 of tensors does not require grad'"
+)
+
+
+@contextlib.contextmanager
+def reentrant_hint() -> Iterator[None]:
+    """Names the cause when a reentrant activation checkpoint meets a split backward.
+
+    ``checkpoint(..., use_reentrant=True)`` reruns its forward inside the backward and
+    calls ``backward`` on it alone, which torch refuses inside ``.grad()`` or a backward
+    with ``inputs=``: exactly the engine calls that split I from W.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        if "use_reentrant" not in str(exc):
+            raise
+        raise RuntimeError(
+            "a reentrant activation checkpoint (torch.utils.checkpoint.checkpoint with "
+            "use_reentrant=True) cannot be split into I and W: its backward reruns the "
+            "forward and runs a whole backward of its own, which stops at no split point. "
+            "Use checkpoint(..., use_reentrant=False) (torch's recommended form; HF models: "
+            "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': "
+            "False})); gradients are the same"
+        ) from exc
+
+
 def _roots(
     outputs: Sequence[torch.Tensor], output_grads: Sequence[torch.Tensor | None] | None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The (output, gradient) pairs a backward starts from; skips what carries no gradient."""
+    """The (output, gradient) pairs a backward starts from; skips what carries no gradient.
+
+    Raises, as ``loss.backward()`` does, when no output requires grad at all: a backward
+    that silently trains nothing hides a stray ``.detach()``.
+    """
     outputs = check_tensors("outputs", outputs)
+    if outputs and not any(out.requires_grad for out in outputs):
+        what = "the output" if len(outputs) == 1 else f"none of the {len(outputs)} outputs"
+        raise RuntimeError(f"{what} requires grad: {NO_GRAPH}")
     if output_grads is None:
         for i, out in enumerate(outputs):
             if out.requires_grad and out.numel() != 1:
@@ -123,7 +161,7 @@ def stage_backward_full(
             handles.append(x.register_hook(functools.partial(store, i)))
     try:
         if tensors:
-            with grad_directions(*_BOTH):
+            with grad_directions(*_BOTH), reentrant_hint():
                 torch.autograd.backward(tensors, grads)
     finally:
         for h in handles:
@@ -200,7 +238,7 @@ def stage_backward_input(
             late = [(node, eager.slot_names(node)) for node in rest]
         found: tuple = ()
         if run_i:
-            with grad_directions(GradDirection.INPUT):
+            with grad_directions(GradDirection.INPUT), reentrant_hint():
                 # torch takes tensors and GradientEdges in one list; its stub wants one kind
                 found = torch.autograd.grad(
                     tensors,

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import torch
 
 from zbkit.splitgrad import _fast
-from zbkit.splitgrad._backward import check_tensors
+from zbkit.splitgrad._backward import check_tensors, reentrant_hint
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
@@ -39,9 +39,15 @@ def _clamp(captured: Captured | None, grad_outputs: tuple) -> tuple:
 
 
 def run_group(work: PendingGroup, retain_graph: bool) -> None:
-    """One group's W: one engine call from its start edges to its parameters."""
+    """One group's W: one engine call from its start edges to its parameters.
+
+    A parameter frozen since the forward (``requires_grad_(False)`` between I and W, say
+    by a callback) gets no gradient, as in a plain backward, where its AccumulateGrad
+    skips a tensor that no longer requires grad: W asks the engine for the others only.
+    """
     edges, grads = work.start_edges()
     group = work.group
+    wanted = [t for t in work.tensors if t.requires_grad]
     handles = []
     try:
         # always clamp: besides the double count of reused parameters, this also
@@ -50,12 +56,10 @@ def run_group(work: PendingGroup, retain_graph: bool) -> None:
         if not work.ready:  # ready: W starts at the parameters, below every intermediate
             for node, captured in zip(group.intermediates, work.captured, strict=True):
                 handles.append(node.register_prehook(functools.partial(_clamp, captured)))
-        if edges:
+        if edges and wanted:
             dirs = _BOTH if group.needs_both_directions else (GradDirection.WEIGHT,)
-            with grad_directions(*dirs):
-                torch.autograd.backward(
-                    edges, grads, inputs=work.tensors, retain_graph=retain_graph
-                )
+            with grad_directions(*dirs), reentrant_hint():
+                torch.autograd.backward(edges, grads, inputs=wanted, retain_graph=retain_graph)
     finally:
         for h in handles:
             h.remove()  # the hooks hold the captured gradients
@@ -89,7 +93,7 @@ def stage_backward_weight(
     for work in works:
         if len(work.group.intermediates) > 1:
             shared.append(work)
-        elif fast and _fast.batchable(work):
+        elif fast and _fast.batchable(work) and all(t.requires_grad for t in work.tensors):
             batched.append(work)
         else:
             single.append(work)
