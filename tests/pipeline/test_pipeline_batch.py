@@ -43,7 +43,7 @@ def bad_batches() -> list[tuple[str, object, object, type, str]]:
         ("0-d tensor", {"x": x, "t": torch.tensor(0.5)}, y, ValueError,
          r"inputs\['t'\] is a 0-d tensor: it has no rows"),
         ("empty dict", {}, y, ValueError, "inputs is an empty dict"),
-        ("a list", x, [y], TypeError, "targets must be a tensor, a tuple or a dict of tensors.*got list"),
+        ("a list", x, [y], TypeError, "targets must be a tensor, a tuple or a dict.*got list"),
         ("only Nones", (None, None), y, ValueError, "inputs is a tuple without a tensor"),
         ("a string in a tuple", (x, "mask"), y, TypeError, r"inputs\[1\] must be a tensor"),
     ]  # fmt: skip

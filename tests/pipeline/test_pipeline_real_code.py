@@ -15,6 +15,16 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from real_code_models import (
+    D,
+    EndsWithNone,
+    TakesPast,
+    TakesTwo,
+    TwoInputs,
+    WithPast,
+    data,
+    two_stages,
+)
 from torch import nn
 from torch.nn.functional import mse_loss
 from torch.utils.checkpoint import checkpoint
@@ -29,18 +39,7 @@ from zbkit.splitgrad import (
     stage_backward_weight,
 )
 
-D = 4
 SCHEDULE = build_schedule("zb-h1", pp=2, microbatches=2)
-
-
-def two_stages() -> list[nn.Module]:
-    torch.manual_seed(0)
-    return [nn.Sequential(nn.Linear(D, D), nn.Tanh()), nn.Linear(D, 1)]
-
-
-def data(rows: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    torch.manual_seed(1)
-    return torch.randn(rows, D), torch.randn(rows, 1)
 
 
 @contextlib.contextmanager
@@ -221,49 +220,6 @@ def test_a_stage_frozen_between_its_i_and_its_w() -> None:
 
 
 # ---------------------------------------------------------------- 3. None keeps its place
-class WithPast(nn.Module):
-    """HF-style: returns (hidden, None, mask); the None is the cache this model keeps none of."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, D)
-
-    def forward(self, x):
-        return torch.tanh(self.lin(x)), None, (x > 0).float()
-
-
-class TakesPast(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, 1)
-        self.seen: list = []
-
-    def forward(self, hidden, past, mask):
-        self.seen.append(past)
-        return self.lin(hidden * mask)
-
-
-class EndsWithNone(nn.Module):
-    """A trailing None: the next stage's arity depends on it arriving."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, D)
-
-    def forward(self, x):
-        return self.lin(x), None
-
-
-class TakesTwo(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, 1)
-
-    def forward(self, hidden, cache):  # no default: the None must arrive
-        assert cache is None
-        return self.lin(hidden)
-
-
 def oracle_grads(mods: list[nn.Module], x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
     twin = copy.deepcopy(mods)
     mse_loss(twin[1](*twin[0](x)), y).backward()
@@ -319,16 +275,6 @@ def test_eleven_tuple_outputs_keep_their_order() -> None:
 
 
 # ---------------------------------------------------------------- 4. torch's several inputs
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, D)
-
-    def forward(self, x, bias, mask=None):
-        h = self.lin(x) + bias
-        return h if mask is None else h * mask
-
-
 def test_several_positional_inputs_reach_stage_0_as_torch_passes_them() -> None:
     x, y = data()
     bias = torch.randn(4, D)
