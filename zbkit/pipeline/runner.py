@@ -143,6 +143,8 @@ class ScheduleRunner:
         If a step fails, the stages are cleared, but messages of the broken step may still
         be on the wire: build a new runner on a fresh group before training on.
         """
+        if not self._agreed:  # before anything that may fail on one rank only
+            self._agree()
         inputs, targets = step_arguments(args, targets, target)
         m, last = self.schedule.microbatches, self.schedule.num_stages - 1
         if 0 in self.stages and inputs is None:
@@ -173,13 +175,6 @@ class ScheduleRunner:
             clock,
             cuda=self.backend == "nccl",  # GPU actions timed with CUDA events
         )
-        if not self._agreed:  # once: the same schedule everywhere, or every rank fails now
-            agree_on_schedule(self.schedule, self.group, self.p2p.device, self.timeout, "pipeline")
-            if self.dp_group is not None:
-                agree_on_schedule(
-                    self.schedule, self.dp_group, self.p2p.device, self.timeout, "data-parallel"
-                )
-            self._agreed = True
         self.p2p.expect(self.plan.comms)
         reductions = []  # zbkit.parallel's averages in flight, one per stage
         done = 0  # compute actions finished: the position in this rank's program
@@ -215,6 +210,15 @@ class ScheduleRunner:
         self.trace = state.trace
         fill_losses(losses, got)
         return got
+
+    def _agree(self) -> None:
+        """First step: the same schedule on every rank of the pipeline (and of the replicas),
+        or every rank fails now, naming who runs what (see ``_agree.py``)."""
+        device = self.p2p.device
+        agree_on_schedule(self.schedule, self.group, device, self.timeout, "pipeline")
+        if self.dp_group is not None:
+            agree_on_schedule(self.schedule, self.dp_group, device, self.timeout, "data-parallel")
+        self._agreed = True
 
     def forget_shapes(self) -> None:
         """The next step agrees tensor shapes afresh, e.g. for another batch size.
