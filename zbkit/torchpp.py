@@ -40,6 +40,7 @@ from torch.distributed.pipelining import _backward as torch_backward
 from torch.distributed.pipelining import stage as torch_stage
 
 from zbkit import splitgrad
+from zbkit.splitgrad._backward import NO_GRAPH
 
 __all__ = [
     "ExactParamGroups",
@@ -97,6 +98,10 @@ def stage_backward_input(
         if isinstance(o, torch.Tensor) and (o.requires_grad or o.grad_fn is not None)
     ]
     roots = [outputs[k] for k in keep]
+    if output_grads is None and outputs and not roots:  # a loss: torch's backward refuses it
+        raise RuntimeError(
+            f"the loss does not require grad, so this step would train nothing; {NO_GRAPH}"
+        )
     if output_grads is None:
         grads: list[torch.Tensor | None] = [torch.ones_like(o) for o in roots]
     else:

@@ -367,3 +367,22 @@ def test_a_reentrant_checkpoint_is_named_and_the_other_kind_is_exact() -> None:
     for m, t in zip(mods, twin, strict=True):
         for p, q in zip(m.parameters(), t.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad / 2)
+
+
+# ---------------------------------------------------------------- 8. the siblings
+def test_the_other_entry_points_say_the_same() -> None:
+    from zbkit import simulate, torchpp
+    from zbkit.schedules import derive_plan
+
+    with pytest.raises(TypeError, match="simulate takes a zbkit Schedule.*build_schedule"):
+        simulate("zb-h1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="derive_plan takes a zbkit Schedule.*build_schedule"):
+        derive_plan("zb-h1", 0)  # type: ignore[arg-type]
+    # torch's runtime with zbkit's exact split: a graphless loss refused as loss.backward() does
+    x, y = data()
+    lin = nn.Linear(D, 1)
+    loss = mse_loss(lin(x), y).detach()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        loss.backward()
+    with pytest.raises(RuntimeError, match="the loss does not require grad"):
+        torchpp.stage_backward_input([loss], None, [x], list(lin.parameters()))

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Union
 
 from zbkit.schedules.action import Action, Overlap, Product
-from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.schedule import Schedule, expect_schedule
 
 __all__ = ["Comm", "CommOp", "Plan", "PlanStep", "derive_plan"]
 
@@ -114,6 +114,7 @@ class Plan:
 
 def derive_plan(schedule: Schedule, rank: int) -> Plan:
     """``rank``'s compute actions with the ``Comm`` each one needs around it."""
+    expect_schedule(schedule, "derive_plan")
     where, n = schedule.stage_to_rank, schedule.num_stages
     steps: list[PlanStep] = []
     for item in schedule.program.get(rank, []):

@@ -23,7 +23,7 @@ from zbkit.schedules.events import (
     memory_steps,
 )
 from zbkit.schedules.plan import Comm, CommOp, derive_plan
-from zbkit.schedules.schedule import Schedule, ScheduleError
+from zbkit.schedules.schedule import Schedule, ScheduleError, expect_schedule
 from zbkit.schedules.validate import check_actions, deadlock_error, validate
 
 # Costs, Event and bubble_rate were defined here before; they stay importable from here
@@ -121,6 +121,7 @@ def simulate(
 
     `check=False` skips `validate` (for callers that just built or validated the schedule).
     """
+    expect_schedule(schedule, "simulate")
     costs = Costs() if costs is None else costs
     per_stage_costs = per_stage(costs, schedule.num_stages)
     if check:  # what validate checks; the deadlock check is the walk below
