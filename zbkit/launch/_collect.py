@@ -10,7 +10,10 @@ from typing import Any
 from zbkit.launch import _channel as ch
 from zbkit.launch._procs import DIED, POLL_S, RankGroup
 
-STACKS_WAIT_S = 2.0  # how long a hung rank gets to say where it is
+# How long a hung rank gets to say where it is: its control thread answers at once unless a
+# C call holds the GIL, but on a busy machine "at once" can take seconds (only a rank that
+# never answers costs the whole wait)
+STACKS_WAIT_S = 30.0
 
 
 @dataclass

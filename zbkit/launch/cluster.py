@@ -17,7 +17,10 @@ from zbkit.launch._procs import (
     quiet_interrupt,
 )
 
-FAILURE_GRACE_S = 3.0  # after one rank fails, how long the others may still finish
+# After one rank fails, how long the others may still finish: a rank that answers later is
+# taken for hung and the cluster stops, so seconds of a busy machine must fit; only ranks
+# stuck in a wait cost the whole of it
+FAILURE_GRACE_S = 10.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a few busy cores can take a while
 
 

@@ -16,7 +16,9 @@ from zbkit.launch._procs import (
     quiet_interrupt,
 )
 
-FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others may still report
+# After one rank fails, how long the others may still report (their own errors, or echoes of
+# the first): seconds on a busy machine; only ranks stuck in a wait cost the whole of it
+FAILURE_GRACE_S = 10.0
 
 
 def launch(
