@@ -22,7 +22,7 @@ def test_script_under_torchrun(tmp_path):
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", str(script)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0, done.stderr
     for rank in range(2):  # 1 + 2, the closed form of the sum over ranks
