@@ -5,9 +5,9 @@
 Both ranks run one valid schedule (pp=2, m=2; each rank's B of a microbatch before its next
 F), except that rank 1 skips one action of its plan: the send of microbatch 0's gradient.
 So rank 0 waits at 0B0 for that gradient, and rank 1 at 1F1 for the activations rank 0 only
-sends after 0B0: neither moves. ``zbkit.debug.install(timeout=5)`` makes each rank print its
-stacks and the grid with ``<-- WAITING HERE`` and exit with code 3, within seconds instead of
-the runner's 120 s timeout (or torch's 30 minutes).
+sends after 0B0: neither moves. ``zbkit.debug.install`` makes each rank print its stacks and
+the grid with ``<-- WAITING HERE`` and exit with code 3, within seconds (``ZBKIT_DEBUG_TIMEOUT``,
+5 by default) instead of the runner's 120 s timeout (or torch's 30 minutes).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ SCHEDULE = Schedule.from_program(
 
 
 def main() -> None:
-    zbkit.debug.install(timeout=float(os.environ.get("ZBKIT_DEBUG_TIMEOUT", "5")))
+    # minutes for the waits that must succeed: torchrun's ranks may reach the rendezvous
+    # seconds apart on a busy machine
+    dog = zbkit.debug.install(timeout=300)
     init_distributed("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -42,6 +44,8 @@ def main() -> None:
         runner.plan = Plan(1, steps)
     print(f"rank {rank} runs:\n{runner.plan}", flush=True)
     x, y = torch.randn(4, 4), torch.randn(4, 4)
+    dist.barrier()  # both ranks at the step: each of its waits is the deadlock or takes ms
+    dog.timeout = float(os.environ.get("ZBKIT_DEBUG_TIMEOUT", "5"))  # the deadlock: soon
     runner.step(x, target=y)
     print(f"rank {rank}: the step finished, which it cannot", flush=True)
 

@@ -5,10 +5,11 @@ by hand)::
 
 torch's own ``PipelineStage`` and ``Schedule1F1B`` (torch.distributed.pipelining), pp=2, m=4,
 on gloo. The bug: rank 1 does not call ``schedule.step`` (it sleeps instead), from the first
-step on, or with ``ZBKIT_SKIP_STEP=2`` from the second. ``zbkit.debug.install(timeout=5,
+step on, or with ``ZBKIT_SKIP_STEP=2`` from the second. ``zbkit.debug.install(timeout=...,
 schedule=schedule)`` makes rank 0 print its stacks and torch's schedule grid with the action it
-waits on marked ``<-- WAITING HERE``, and exit with code 3; torchrun then stops rank 1
-(SIGTERM), which prints its own stacks before it exits.
+waits on marked ``<-- WAITING HERE``, and exit with code 3 (after ``ZBKIT_DEBUG_TIMEOUT``
+seconds, 5 by default, in the step rank 1 skips; the steps before it get minutes); torchrun then
+stops rank 1 (SIGTERM), which prints its own stacks before it exits.
 
 Where rank 0 waits (torch 2.13): at the first step, before 0F0, in torch's stage set-up (a
 P2P vote with rank 1 that every first step holds); at the second, before 0B0, after its two
@@ -36,12 +37,13 @@ def main() -> None:
     torch.manual_seed(0)
     stage = PipelineStage(nn.Linear(4, 4), rank, 2, torch.device("cpu"))
     schedule = Schedule1F1B(stage, MICROBATCHES, loss_fn=nn.functional.mse_loss)
-    zbkit.debug.install(
-        timeout=float(os.environ.get("ZBKIT_DEBUG_TIMEOUT", "5")), schedule=schedule
-    )
+    # minutes for the steps that run: on a busy machine one rank may wait seconds for the other
+    dog = zbkit.debug.install(timeout=300, schedule=schedule)
     x, y = torch.randn(8, 4), torch.randn(8, 4)  # 4 microbatches of 2 rows
     skipped = int(os.environ.get("ZBKIT_SKIP_STEP", "1"))  # the step rank 1 does not run
     for step in range(1, skipped + 1):
+        if step == skipped:  # the step that hangs: its wait is reported soon
+            dog.timeout = float(os.environ.get("ZBKIT_DEBUG_TIMEOUT", "5"))
         if rank == 0:
             schedule.step(x)
         elif step < skipped:

@@ -36,9 +36,12 @@ def test_a_deadlocked_torchrun_job_reports_every_rank_and_exits(tmp_path: Path) 
     took = time.monotonic() - began
     assert done.returncode != 0, done.stdout + done.stderr
     assert re.search(r"exitcode\s*:\s*3", done.stderr), done.stderr  # torchrun's summary
-    assert took < 120, f"the job took {took:.0f} s"  # ~10 s; the runner's own timeout is 120
     logs = {int(p.parent.name): p.read_text() for p in tmp_path.rglob("stderr.log")}
     assert sorted(logs) == [0, 1], sorted(tmp_path.rglob("*"))
+    # the watchdog ended it (after 5 s), not the runner's own 120 s timeout: a rank reports a
+    # live wait (the other's wait then fails at once, its connection closed)
+    live = [r for r, text in logs.items() if f"=== zbkit.debug: rank {r}: waited " in text]
+    assert live, f"no watchdog report; the job took {took:.0f} s\n{logs}"
     waits = {0: "0B0", 1: "1F1"}
     for rank, text in logs.items():
         assert f"=== zbkit.debug: rank {rank}: " in text, text
@@ -77,11 +80,11 @@ def test_a_hung_torch_schedule1f1b_job_marks_the_action_rank_0_waits_on(
     took = time.monotonic() - began
     assert done.returncode != 0, done.stdout + done.stderr
     assert re.search(r"exitcode\s*:\s*3", done.stderr), done.stderr  # torchrun's summary
-    assert took < 90, f"the job took {took:.0f} s"  # ~10 s; gloo's own timeout is 30 minutes
     logs = {int(p.parent.name): p.read_text() for p in tmp_path.rglob("stderr.log")}
     assert sorted(logs) == [0, 1], sorted(tmp_path.rglob("*"))
     zero, one = logs[0], logs[1]
-    assert "=== zbkit.debug: rank 0: waited " in zero, zero  # the watchdog, not a signal
+    # the watchdog (after 5 s), not a signal nor gloo's own 30 minutes
+    assert "=== zbkit.debug: rank 0: waited " in zero, f"the job took {took:.0f} s\n{zero}"
     assert 'torch/distributed/pipelining/schedules.py", line' in zero, zero  # its stack
     assert line in zero, zero
     marked = [row for row in zero.splitlines() if "<-- WAITING HERE" in row]
