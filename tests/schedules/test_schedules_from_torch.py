@@ -155,6 +155,17 @@ def test_wrong_sizes_and_names_are_one_line():
         Schedule.from_torch(ts.Schedule1F1B, pp=2, microbatches=4, stages_per_rank=2)
     with pytest.raises(ValueError, match="no torch schedule named 'zb-h9'.*zb-v"):
         compare_with_torch("zb-h9", pp=2, microbatches=4)
+    with pytest.raises(ValueError, match="no torch schedule named 'zb-h9'.*zb-v"):
+        Schedule.from_torch("zb-h9", pp=2, microbatches=4)
+    with pytest.raises(TypeError, match="needs pp= and microbatches="):
+        Schedule.from_torch("ScheduleZBVZeroBubble")
+
+
+def test_from_torch_takes_a_class_name_as_compare_does():
+    by_class = Schedule.from_torch(ts.ScheduleZBVZeroBubble, pp=2, microbatches=8)
+    for name in ("ScheduleZBVZeroBubble", "zb-v"):
+        by_name = Schedule.from_torch(name, pp=2, microbatches=8)
+        assert by_name == by_class and by_name.torch_ops == by_class.torch_ops
 
 
 def test_compare_takes_names_classes_and_class_names():

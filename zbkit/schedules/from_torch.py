@@ -108,17 +108,18 @@ def from_torch(
     microbatches: int | None = None,
     stages_per_rank: int | None = None,
 ) -> Schedule:
-    """torch's schedule (an object, or a class with `pp` and `microbatches`) as a `Schedule`.
+    """torch's schedule (an object, or a class or its name with `pp` and `microbatches`) as a
+    `Schedule`.
 
     Named after zbkit's builder of the same schedule (`TORCH_NAMES`), placed as torch places
     it; torch's transfers and FSDP actions kept as `torch_ops`. Not validated: call
     `validate` (torch 2.13's `Schedule1F1B` draws an order its own validator rejects).
     """
-    if isinstance(schedule_or_class, type):
+    if isinstance(schedule_or_class, type | str):  # a class, or its name (or zbkit's)
         if pp is None or microbatches is None:
+            name = getattr(schedule_or_class, "__name__", schedule_or_class)
             raise TypeError(
-                f"from_torch({schedule_or_class.__name__}) needs pp= and microbatches= "
-                "(or pass a schedule object)"
+                f"from_torch({name}) needs pp= and microbatches= (or pass a schedule object)"
             )
         cls_name, cls = _resolve_class(schedule_or_class)
         obj = _instantiate(cls, cls_name, pp, microbatches, stages_per_rank)
