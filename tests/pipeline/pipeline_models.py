@@ -8,10 +8,14 @@ custom autograd Function with two outputs, and a parameter the outputs never dep
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import socket
+from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from zbkit.schedules import Costs, build_schedule
@@ -133,3 +137,25 @@ def assert_grads_match(mods, expected, where: str, atol: float = 1e-6) -> None:
             assert p.grad is not None, f"{where}: stage {s} {n} has no gradient"
             err = (p.grad - exp[n]).abs().max().item()
             assert err <= atol, f"{where}: stage {s} {n} differs by {err:.3g}"
+
+
+@contextlib.contextmanager
+def one_rank_group() -> Iterator[None]:
+    """A real gloo group of one rank in this process, its store on a loopback socket we
+    bound (as zbkit.launch does): a ScheduleRunner without a second process."""
+    from zbkit.parallel import init_process_group
+
+    assert not dist.is_initialized()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    try:
+        store = dist.TCPStore(
+            "127.0.0.1", sock.getsockname()[1], 1, is_master=True, master_listen_fd=sock.fileno()
+        )
+        init_process_group("gloo", rank=0, world_size=1, store=store, timeout=120)
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sock.close()

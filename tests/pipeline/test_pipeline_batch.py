@@ -8,14 +8,18 @@ autograd gradients.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
-from pipeline_models import assert_grads_match, batch, loss_fn, make_stages, oracle, schedule
+from pipeline_models import (
+    assert_grads_match,
+    batch,
+    loss_fn,
+    make_stages,
+    one_rank_group,
+    oracle,
+    schedule,
+)
 
-from zbkit.parallel import init_process_group
 from zbkit.pipeline import LocalPipeline, PipelineStage, ScheduleRunner
 from zbkit.pipeline._batch import split_batch
 
@@ -73,19 +77,11 @@ def test_a_good_batch_splits_into_equal_parts_and_matches_autograd() -> None:
 
 def test_schedule_runner_runs_the_same_check_on_a_one_rank_group() -> None:
     # zb-v with pp=1: stages 0 and 1 on the one rank, so it holds inputs and targets
-    assert not dist.is_initialized()
-    sock = socket.socket()  # the store on a loopback socket we bound, as zbkit.launch does
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    try:
-        store = dist.TCPStore(
-            "127.0.0.1", sock.getsockname()[1], 1, is_master=True, master_listen_fd=sock.fileno()
-        )
-        init_process_group("gloo", rank=0, world_size=1, store=store, timeout=30)
+    with one_rank_group():
         sch = schedule("zb-v", 1, M)
         mods = make_stages(sch.num_stages)
         stages = [PipelineStage(m, s, sch.num_stages) for s, m in enumerate(mods)]
-        runner = ScheduleRunner(sch, stages, loss_fn, timeout=30)
+        runner = ScheduleRunner(sch, stages, loss_fn, timeout=120)
         x, y = batch(8)
         for case, inputs, targets, exc, message in bad_batches():
             with pytest.raises(exc, match=message):
@@ -94,7 +90,3 @@ def test_schedule_runner_runs_the_same_check_on_a_one_rank_group() -> None:
         _, expected = oracle(mods, x, y)
         runner.step(x, targets=y)
         assert_grads_match(mods, expected, "zb-v pp=1 runner")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sock.close()

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 import torch.distributed as dist
+from pipeline_models import one_rank_group
 from real_code_models import (
     D,
     EndsWithNone,
@@ -30,7 +30,6 @@ from torch.nn.functional import mse_loss
 from torch.utils.checkpoint import checkpoint
 
 from zbkit import build_schedule
-from zbkit.parallel import init_process_group
 from zbkit.pipeline import LocalPipeline, PipelineStage, ScheduleRunner, StageError
 from zbkit.splitgrad import (
     reference_weight_pass,
@@ -40,25 +39,6 @@ from zbkit.splitgrad import (
 )
 
 SCHEDULE = build_schedule("zb-h1", pp=2, microbatches=2)
-
-
-@contextlib.contextmanager
-def one_rank_group() -> Iterator[None]:
-    """A real gloo group of one rank, its store on a loopback socket we bound."""
-    assert not dist.is_initialized()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    try:
-        store = dist.TCPStore(
-            "127.0.0.1", sock.getsockname()[1], 1, is_master=True, master_listen_fd=sock.fileno()
-        )
-        init_process_group("gloo", rank=0, world_size=1, store=store, timeout=60)
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sock.close()
 
 
 def runner_for(mods: list[nn.Module], loss_fn: Callable) -> ScheduleRunner:
