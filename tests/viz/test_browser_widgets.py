@@ -54,7 +54,7 @@ def _api(port: int, path: str, method: str = "GET") -> object:
         method=method,
         headers={"Authorization": f"token {TOKEN}"},
     )
-    with urllib.request.urlopen(req, timeout=5) as resp:
+    with urllib.request.urlopen(req, timeout=60) as resp:  # a busy server answers late
         body = resp.read()
     return json.loads(body) if body else None
 
