@@ -128,9 +128,9 @@ def check_pp_dp(names: list[str], m: int, backend: str = "gloo") -> list[dict]:
 # Per case, the ranks whose wait is the outcome the test expects: they wait for a message the
 # failed rank never sends, so they get the short timeout. Every other rank's waits must succeed
 # (the rank that fails by itself, on its way to the failure; every rank of a case that runs):
-# they get minutes, as a busy machine may take seconds to deliver a message. (A runner has one
+# they get minutes, as a busy machine may take seconds to deliver a message. (A step has one
 # timeout: a waiting rank's receives before the failure, e.g. rank 1's for 1F0 when rank 2
-# raises, share its short one.)
+# raises, share its short one; the first step's schedule handshake waits at least 120 s.)
 WAIT_IN_VAIN = {
     "missing target": {0, 1, 2},  # rank 3 refuses the step: nothing reaches the loss
     "shape mismatch": {0, 2, 3},  # rank 1's forward raises
@@ -201,8 +201,8 @@ def _fault_case(case: str, group, fail_timeout: float, timeout: float) -> None:
     runner.step(x, targets=targets)
     if case == "batch changes" and rank != 0:
         # rank 0 will refuse to send the smaller batch (its shapes are cached), so the others
-        # wait in vain: a runner with the short timeout (a runner's timeout is fixed)
-        runner = ScheduleRunner(sch, stages, loss_fn, group=group, timeout=fail_timeout)
+        # wait in vain: from now on, the short timeout
+        runner.timeout = fail_timeout
     if case in ("batch changes", "batch changes, shapes forgotten"):
         # shapes were agreed on the first step; a smaller batch must be named, not misread
         if case.endswith("forgotten"):

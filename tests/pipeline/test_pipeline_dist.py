@@ -75,9 +75,11 @@ def test_faults_raise_clear_errors_and_never_hang() -> None:
     cases = ["batch changes, shapes forgotten", "batch changes", "wrong world size",
              "missing target", "shape mismatch", "shape changes", "stage raises",
              "non-dict output"]  # fmt: skip
-    # a wait the case expects to fail gives up after 2 s; every wait that must succeed (the
-    # cases that run, the first step before a change, the rank that fails by itself) gets 120 s
-    out = launch(pipeline_ranks.check_faults, cases, 2.0, 120.0, nprocs=4, timeout=420)
+    # a wait the case expects to fail gives up after 5 s (the waiting rank's receives before
+    # the failure share it: seconds, not milliseconds, on a busy machine); every wait that must
+    # succeed (the cases that run, the first step before a change, the rank that fails by
+    # itself) gets 120 s
+    out = launch(pipeline_ranks.check_faults, cases, 5.0, 120.0, nprocs=4, timeout=420)
     got = {(r["case"], r["rank"]): r["outcome"] for rank in out for r in rank}
 
     for rank in range(4):

@@ -52,7 +52,7 @@ class P2P:
     ) -> None:
         self.group = group
         self.device = device
-        self.timeout = timeout
+        self._seconds = timeout
         self.where = where  # e.g. "rank 1", prefixed to every error
         self.batched = dist.get_backend(group) == "nccl"
         # NCCL runs the p2p ops between two ranks in issue order on one stream and ignores
@@ -83,6 +83,16 @@ class P2P:
         pg = group if group is not None else dist.group.WORLD  # peers: group ranks
         assert pg is not None, "get_backend above needs an initialised process group"
         self._pg = pg
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one wait may block; settable between steps."""
+        return self._seconds
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._wait_for = datetime.timedelta(seconds=seconds)
 
     def forget_shapes(self) -> None:
         """The next step agrees names, shapes and dtypes afresh (another batch size).

@@ -40,6 +40,8 @@ from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Comm, CommOp, Schedule, derive_plan, validate
 from zbkit.schedules.schedule import expect_schedule
 
+FIRST_CONTACT = 120.0  # seconds the first step's schedule handshake waits at least
+
 
 class ScheduleRunner:
     """Runs ``schedule`` on this rank's ``stages`` inside a pipeline process group.
@@ -52,7 +54,9 @@ class ScheduleRunner:
             those of one full-batch step on the mean loss.
         group: the pipeline's process group (default: the world).
         dp_group: replicas of this rank's stages to average gradients with (PP x DP).
-        timeout: seconds any single wait may block before raising, naming the action.
+        timeout: seconds any single wait of a step may block before raising, naming the
+            action (settable between steps); the first step's schedule handshake waits at
+            least ``FIRST_CONTACT`` (120 s), as ranks start at different times.
         barrier: start every step with a barrier of the pipeline group (off by default: a
             barrier costs a round trip per step and nothing needs it; turn it on to measure
             steps from a common start, or to find a rank that never reaches the step).
@@ -94,7 +98,7 @@ class ScheduleRunner:
                 f"{schedule.num_stages}) for each s in schedule.stages_on({rank})"
             )
         self.schedule, self.loss_fn, self.scale_grads = schedule, loss_fn, scale_grads
-        self.group, self.dp_group, self.timeout, self.rank = group, dp_group, timeout, rank
+        self.group, self.dp_group, self.rank = group, dp_group, rank
         self.barrier = barrier
         self.stages = {st.stage_index: st for st in stages}
         self.plan = derive_plan(schedule, rank)
@@ -211,13 +215,27 @@ class ScheduleRunner:
         fill_losses(losses, got)
         return got
 
+    @property
+    def timeout(self) -> float:
+        """Seconds any single wait may block; settable between steps (``runner.timeout = 5``)."""
+        return self.p2p.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self.p2p.timeout = seconds
+
     def _agree(self) -> None:
         """First step: the same schedule on every rank of the pipeline (and of the replicas),
-        or every rank fails now, naming who runs what (see ``_agree.py``)."""
-        device = self.p2p.device
-        agree_on_schedule(self.schedule, self.group, device, self.timeout, "pipeline")
+        or every rank fails now, naming who runs what (see ``_agree.py``).
+
+        The first contact between the ranks, where they are furthest apart (one still loading
+        weights, another built its model faster): it waits at least ``FIRST_CONTACT`` seconds
+        whatever the runner's timeout, which is meant for the waits of a running step.
+        """
+        device, wait = self.p2p.device, max(self.timeout, FIRST_CONTACT)
+        agree_on_schedule(self.schedule, self.group, device, wait, "pipeline")
         if self.dp_group is not None:
-            agree_on_schedule(self.schedule, self.dp_group, device, self.timeout, "data-parallel")
+            agree_on_schedule(self.schedule, self.dp_group, device, wait, "data-parallel")
         self._agreed = True
 
     def forget_shapes(self) -> None:
