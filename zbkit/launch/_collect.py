@@ -14,6 +14,10 @@ from zbkit.launch._procs import DIED, POLL_S, RankGroup
 # C call holds the GIL, but on a busy machine "at once" can take seconds (only a rank that
 # never answers costs the whole wait)
 STACKS_WAIT_S = 30.0
+# After one rank fails, how long the others may still report (their own errors, or echoes of
+# the first): a rank that answers later is taken for hung, so seconds of a busy machine must
+# fit; only ranks stuck in a wait cost the whole of it
+FAILURE_GRACE_S = 10.0
 
 
 @dataclass
@@ -45,7 +49,7 @@ def collect(
     *,
     want: str,
     timeout: float | None,
-    grace: float,
+    grace: float = FAILURE_GRACE_S,
 ) -> Outcome:
     """Wait until each rank in `ranks` answered `want` for `task_id`, failed or died.
 

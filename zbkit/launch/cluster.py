@@ -17,10 +17,6 @@ from zbkit.launch._procs import (
     quiet_interrupt,
 )
 
-# After one rank fails, how long the others may still finish: a rank that answers later is
-# taken for hung and the cluster stops, so seconds of a busy machine must fit; only ranks
-# stuck in a wait cost the whole of it
-FAILURE_GRACE_S = 10.0
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a few busy cores can take a while
 
 
@@ -140,9 +136,7 @@ class Cluster:
                     why = self._notice_idle_deaths() or f"rank {rank} closed its control channel"
                     self._stop(why)
                     raise LaunchError(f"{why}; cluster stopped. {self._restart}") from None
-            out = collect(
-                group, task_id, ranks, want=ch.RESULT, timeout=timeout, grace=FAILURE_GRACE_S
-            )
+            out = collect(group, task_id, ranks, want=ch.RESULT, timeout=timeout)
         except KeyboardInterrupt as exc:
             self._stop("interrupted")
             quiet_interrupt(exc, f"interrupted; every rank was stopped. {self._restart}")

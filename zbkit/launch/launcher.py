@@ -16,10 +16,6 @@ from zbkit.launch._procs import (
     quiet_interrupt,
 )
 
-# After one rank fails, how long the others may still report (their own errors, or echoes of
-# the first): seconds on a busy machine; only ranks stuck in a wait cost the whole of it
-FAILURE_GRACE_S = 10.0
-
 
 def launch(
     fn: Callable[..., Any],
@@ -60,9 +56,7 @@ def launch(
     try:
         for rank in range(nprocs):
             group.send(rank, ch.CALL, 1, payload)  # queued while the rank imports torch
-        out = collect(
-            group, 1, range(nprocs), want=ch.RESULT, timeout=timeout, grace=FAILURE_GRACE_S
-        )
+        out = collect(group, 1, range(nprocs), want=ch.RESULT, timeout=timeout)
         if not out.ok:
             raise LaunchError(describe(out, "launch", "stopped"), out.causes_first() | out.stacks)
         finished = True
