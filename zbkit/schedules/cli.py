@@ -9,6 +9,7 @@ from zbkit.schedules.builders import PLACEMENTS, SCHEDULES, build_schedule, expl
 from zbkit.schedules.formulas import CONDITIONS, bubble
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs, simulate
+from zbkit.schedules.throughput import throughput
 from zbkit.schedules.validate import validate
 
 _DEFAULT_COSTS = "1,1,1"
@@ -99,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"(grid not printed above {_GRID_RANKS} ranks; --save PATH writes it as CSV)")
     print(f"\ncosts: {costs}")
-    print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g})")
+    print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g}, one iteration)")
+    print(throughput(schedule, costs))
     # the formulas leave communication out, so they are shown only when comm = 0
     form = bubble(
         schedule.name, schedule.pp, schedule.microbatches, schedule.stages_per_rank, costs

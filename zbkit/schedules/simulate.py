@@ -55,8 +55,18 @@ class Simulation:
     times: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
     per_stage: list[Costs] = field(default_factory=list, repr=False)
     deltas: list[float] = field(default_factory=list, repr=False)  # each event's memory change
+    iterations: int = 1  # training iterations simulated back to back (`schedule`: all of them)
+    optimizer_sync: bool = True  # whether all ranks synchronise between iterations
+    period: float = 0.0  # the steady state's time per iteration (one iteration: the makespan)
     _events: list[Event] | None = field(default=None, repr=False, compare=False)
     _memory: list | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def throughput(self) -> float:
+        """Microbatches per unit time in the steady state: m / `period`, the time between
+        consecutive iterations (not diluted by the first iteration's warm-up)."""
+        m = self.schedule.microbatches // self.iterations
+        return m / self.period if self.period > 0 else 0.0
 
     @property
     def events(self) -> list[Event]:
@@ -115,27 +125,93 @@ def _fmt(values: Sequence[float]) -> str:
 
 
 def simulate(
-    schedule: Schedule, costs: Costs | Sequence[Costs] | None = None, *, check: bool = True
+    schedule: Schedule,
+    costs: Costs | Sequence[Costs] | None = None,
+    *,
+    check: bool = True,
+    iterations: int = 1,
+    optimizer_sync: bool = True,
 ) -> Simulation:
     """Simulate `schedule`; `costs` is one `Costs` for every stage or a list, one per stage.
 
     `check=False` skips `validate` (for callers that just built or validated the schedule).
+    `iterations=k` runs k training iterations back to back (iteration i's microbatches are
+    numbered i*m .. i*m+m-1). With `optimizer_sync=True` every rank waits until all ranks
+    finished an iteration before it starts the next (the optimizer step's synchronisation:
+    gradient clipping, a NaN check), so iterations repeat one makespan apart; with `False`
+    each rank starts its next iteration as soon as its own program allows (the Zero Bubble
+    paper's optimizer post-validation), and one iteration's cool-down overlaps the next one's
+    warm-up. `Simulation.throughput` is the steady state's microbatches per unit time.
     """
     expect_schedule(schedule, "simulate")
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+        raise ValueError(f"simulate: iterations must be an int >= 1, got {iterations!r}")
     costs = Costs() if costs is None else costs
     per_stage_costs = per_stage(costs, schedule.num_stages)
     if check:  # what validate checks; the deadlock check is the walk below
         check_actions(schedule)
     durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
+    ran = repeated(schedule, iterations) if iterations > 1 and not optimizer_sync else schedule
     try:
         comm = [c.comm for c in per_stage_costs]
-        times = _engine.run(schedule, durations, comm, [c.overlap for c in per_stage_costs])
+        times = _engine.run(ran, durations, comm, [c.overlap for c in per_stage_costs])
     except _engine.Stuck as stuck:
         if check:  # the validator's message: who waits on whom, with the grid
             raise deadlock_error(schedule, stuck) from None
         validate(schedule)  # explains the deadlock (or another fault) with the grid
         raise ScheduleError("schedule deadlocks; run validate(schedule) for details") from None
-    return _summarize(schedule, costs, per_stage_costs, times)
+    if iterations > 1 and optimizer_sync:  # every iteration starts from the same state:
+        ran = repeated(schedule, iterations)  # the first one's timing, a makespan apart
+        times = _shifted(times, iterations)
+    sim = _summarize(ran, costs, per_stage_costs, times)
+    sim.iterations, sim.optimizer_sync = iterations, optimizer_sync
+    sim.period = _period(schedule, times, iterations)
+    return sim
+
+
+def repeated(schedule: Schedule, iterations: int) -> Schedule:
+    """`schedule`'s program `iterations` times in a row on every rank, iteration i's
+    microbatches renumbered i*m .. i*m+m-1 (what `simulate(iterations=k)` runs)."""
+    m = schedule.microbatches
+
+    def moved(item: Action | Overlap, shift: int) -> Action | Overlap:
+        if type(item) is Action:
+            return Action.trusted(item.stage, item.kind, item.microbatch + shift)
+        f, b = (moved(h, shift) for h in item.halves)
+        return Overlap(cast(Action, f), cast(Action, b))
+
+    program = {
+        r: [moved(a, i * m) for i in range(iterations) for a in items]
+        for r, items in schedule.program.items()
+    }
+    return Schedule(program, list(schedule.stage_to_rank), m * iterations, schedule.name)
+
+
+def _shifted(
+    times: dict[int, list[tuple[float, float]]], iterations: int
+) -> dict[int, list[tuple[float, float]]]:
+    """One iteration's times repeated, each copy one makespan after the one before."""
+    spans = [t for row in times.values() for t in row]
+    t0 = min((s for s, _ in spans), default=0.0)
+    length = max((e for _, e in spans), default=0.0) - t0
+    return {
+        r: [(s + i * length, e + i * length) for i in range(iterations) for s, e in row]
+        for r, row in times.items()
+    }
+
+
+def _period(schedule: Schedule, times: dict[int, list[tuple[float, float]]], k: int) -> float:
+    """The steady state's time per iteration: between the ends of the last two iterations
+    (an iteration ends when its last rank does); one iteration: its makespan."""
+
+    def end(i: int) -> float:  # when iteration i's last action ends, over the ranks
+        return max(row[(i + 1) * len(schedule.program[r]) - 1][1]
+                   for r, row in times.items() if row)  # fmt: skip
+
+    if k == 1:
+        starts = [row[0][0] for row in times.values() if row]
+        return end(0) - min(starts, default=0.0)
+    return end(k - 1) - end(k - 2)
 
 
 def _halves(r: int, pair: Overlap, start: float, end: float, costs: list[Costs]) -> list[Event]:

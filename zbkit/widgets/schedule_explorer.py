@@ -21,6 +21,7 @@ import ipywidgets as w
 from zbkit.schedules import SCHEDULES, Costs, simulate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.formulas import bubble, peak_memory
+from zbkit.schedules.throughput import throughput
 from zbkit.viz import plot_schedule
 from zbkit.widgets._common import Offline, table_html
 
@@ -175,6 +176,19 @@ class ScheduleExplorer(Offline, w.VBox):
     def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None, kept: Any) -> str:
         sim, costs = self.simulation, self.costs()
         rows = [["bubble rate", f"{sim.bubble_rate:.2%}"], ["makespan", f"{sim.makespan:.4g}"]]
+        tp = throughput(sim.schedule, costs)
+        rows.append(
+            [
+                f"throughput ({tp.iterations} iterations, optimizer step synchronised / not)",
+                f"{tp.synced:.4g} / {tp.unsynced:.4g} microbatches per unit time",
+            ]
+        )
+        rows.append(
+            [
+                "speed-up over 1F1B on the same work",
+                f"{tp.speedup(True):.3f}x / {tp.speedup(False):.3f}x",
+            ]
+        )
         if kept is not None:  # zb-auto: which of its candidates won, and why it is there
             rows.append(["zb-auto kept", f"{kept.name} ({kept.reason})"])
         searched = name == "zb-auto" or (name == "zb-v" and limit is not None)
