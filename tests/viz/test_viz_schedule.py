@@ -226,3 +226,19 @@ def test_an_overlapped_pair_is_one_box_around_its_two_halves():
     # a schedule without pairs has no outline and no legend entry
     plain = plot_schedule(simulate(build_schedule("zb-v", pp=2, microbatches=4), Costs()))
     assert all(c.get_gid() != "pairs" for c in plain.axes[0].collections)
+
+
+def test_iterations_tile_and_the_title_says_how_they_were_run():
+    sch = build_schedule("zb-h2", pp=4, microbatches=8)
+    for sync, rate in ((True, 8 / 27), (False, 8 / 24)):
+        sim = simulate(sch, Costs(1, 1, 1), iterations=2, optimizer_sync=sync)
+        fig = plot_schedule(sim)
+        boxes = _collection(fig, "actions").get_paths()
+        assert len(boxes) == 2 * len(sch) == len(sim.events)
+        title = fig.axes[0].get_title(loc="left")
+        assert "pp=4, m=8, x 2 iterations" in title, title
+        assert ("optimizer synced" if sync else "no optimizer sync") in title, title
+        assert f"throughput {rate:.4g}" in title and f"makespan {sim.makespan:.4g}" in title
+        # the second iteration's boxes start where the steady state puts them: one period on
+        first = min(e.start for e in sim.events if e.rank == 0 and e.microbatch >= 8)
+        assert first == pytest.approx(27 if sync else 24)

@@ -34,9 +34,14 @@ def _describe(source: Any) -> str:
     if schedule is None:
         return ""
     parts = [str(getattr(schedule, "name", "") or "")]
+    k = getattr(source, "iterations", 1)  # a Simulation of k iterations: m per iteration
     for attr, short in (("pp", "pp"), ("microbatches", "m")):
         if getattr(schedule, attr, None) is not None:
-            parts.append(f"{short}={getattr(schedule, attr)}")
+            value = getattr(schedule, attr)
+            parts.append(f"{short}={value // k if short == 'm' else value}")
+    if k > 1:
+        sync = "optimizer synced" if source.optimizer_sync else "no optimizer sync"
+        parts.append(f"x {k} iterations, {sync}, throughput {source.throughput:.4g}")
     return ", ".join(p for p in parts if p)
 
 
@@ -223,6 +228,9 @@ def plot_schedule(
         numbers = _numbers(main)
     else:
         numbers = f"run: {_numbers(main)} | sim: {_numbers(ref)}"
-    ax.set_title(f"{name}   {numbers}" if name else numbers, fontsize=9, loc="left", pad=14)
+    text = f"{name}   {numbers}" if name else numbers
+    if len(text) > 70:  # two lines, so the title never runs into the legend on its right
+        text = f"{name}\n{numbers}"
+    ax.set_title(text, fontsize=9, loc="left", pad=14)
     fig._zb_summary = f"schedule of {len(shown)} ranks, {numbers}"
     return fig
