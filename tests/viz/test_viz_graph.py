@@ -69,7 +69,7 @@ def test_every_node_edge_group_and_split_point_is_drawn_once():
     for name, p in model.named_parameters():
         shape = ", ".join(map(str, p.shape))
         assert f'label="{name}\n({shape})"' in src
-    assert 'label="input 0\n(3, 4)"' in src and 'label="output 0\n(3, 2)"' in src
+    assert 'label="input[0]\n(3, 4)"' in src and 'label="output 0\n(3, 2)"' in src
     # one cluster per group, with its parameter names in the label
     clusters = re.findall(r"subgraph (cluster_group\d+)", src)
     assert len(clusters) == len(analysis.groups) == 7
@@ -79,7 +79,7 @@ def test_every_node_edge_group_and_split_point_is_drawn_once():
     split = [nid for nid, attrs in nodes if f'color="{SPLIT_COLOR}"' in attrs]
     assert len(split) == sum(len(g.group.intermediates) for g in analysis.groups) == 7
     closure_ops = [n for n in analysis.input_closure if not analysis.labels[n].startswith("input[")]
-    shaded = [nid for nid, attrs in nodes if 'fillcolor="#e4e4e4"' in attrs]
+    shaded = [nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["I"]}"' in attrs]
     assert len(shaded) == len(closure_ops)
     assert "legend" in src
 
@@ -102,7 +102,7 @@ def test_phases_and_highlight_colour_what_each_pass_runs():
     closure_ids = {
         nid
         for nid, attrs in _node_lines(draw_graph(analysis).source)
-        if 'fillcolor="#e4e4e4"' in attrs
+        if f'fillcolor="{KIND_COLORS["I"]}"' in attrs
     }
     i_nodes = {nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["I"]}"' in attrs}
     w_nodes = {nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["W"]}"' in attrs}
@@ -134,8 +134,8 @@ def test_graph_without_module_still_draws_with_unnamed_leaves():
     w = torch.randn(4, 4, requires_grad=True)
     x = torch.randn(2, 4, requires_grad=True)
     src = draw_graph((x @ w).tanh(), x).source
-    assert 'label="leaf tensor\n(4, 4)"' in src and 'label="input 0\n(2, 4)"' in src
-    assert "Tanh" in src and "cluster_group" not in src
+    assert 'label="leaf tensor\n(4, 4)"' in src and 'label="input[0]\n(2, 4)"' in src
+    assert "TanhBackward0#1" in src and "cluster_group" not in src
 
 
 def test_twelve_layer_model_collapses_by_module_depth():
@@ -222,3 +222,39 @@ def test_phases_legend_matches_the_colours_and_names_mixed_module_boxes():
     # without phases the parameters stay yellow, and so does the legend's swatch
     plain = draw_graph(analysis).source
     assert 'legend_param [label=parameter fillcolor="#fff4c2"' in plain
+
+
+def test_drawn_names_are_the_names_analyze_prints():
+    # a learner reads a printed analysis beside its drawing: each node has one name in both
+    _, _, _, analysis = _stage(layers=1)
+    src = draw_graph(analysis).source
+    # the first line of each node's label ("TanhBackward0#1", "layers.0.fc1.weight", "input[0]")
+    drawn = re.findall(r'^\s+n\d+ \[label="?([^"\n]+)', src, flags=re.M)
+    assert sorted(drawn) == sorted(analysis.labels.values())
+    assert "ReluBackward0#1" in drawn and "Relu" not in drawn
+
+
+def test_collapsed_boxes_count_split_points_in_singular_and_plural():
+    _, _, _, analysis = _stage(layers=2)
+    found = []
+    for depth in (1, 2, 3):
+        found += re.findall(r"(\d+) (split points?)\b", draw_graph(analysis, depth=depth).source)
+    assert ("1", "split point") in found and ("6", "split points") in found  # both forms drawn
+    assert all((n == "1") == (noun == "split point") for n, noun in found), found
+
+
+def test_the_input_closure_has_one_colour_with_or_without_phases():
+    # notebook 01 draws the closure plainly, notebook 02 lights what I runs: the same teal
+    _, _, _, analysis = _stage(layers=1)
+    fills = {}
+    for how in ({}, {"phases": True}, {"highlight": "I"}):
+        nodes = dict(_node_lines(draw_graph(analysis, **how).source))
+        closure = [analysis.labels[n] for n in analysis.input_closure]
+        fills[str(how)] = {
+            re.search(r'fillcolor="([^"]+)"', a).group(1)
+            for a in nodes.values()
+            if re.match(r'label="?([^"\n]+)', a).group(1) in closure and "input[" not in a
+        }
+    assert list(fills.values()) == [{KIND_COLORS["I"]}] * 3, fills
+    key = re.search(r"legend_i \[(.*?)\]$", draw_graph(analysis).source, flags=re.M | re.S)
+    assert "input closure" in key.group(1) and KIND_COLORS["I"] in key.group(1)

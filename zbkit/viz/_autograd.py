@@ -6,12 +6,9 @@ Ids are sequential in a fixed walk order (outputs in order, `next_functions` in 
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-_SUFFIX = re.compile(r"Backward\d*$")
 
 
 @dataclass(eq=False)
@@ -65,21 +62,21 @@ def node_shape(node: Any) -> tuple[int, ...] | None:
     return shapes[0] if shapes else None
 
 
-def op_name(node: Any) -> str:
-    return _SUFFIX.sub("", node.name()) or node.name()
-
-
 def walk(
     roots: list[Any],
     output_shapes: list[tuple[int, ...] | None],
     input_nodes: dict[Any, int],
     param_names: dict[Any, str],
+    op_labels: dict[Any, str] | None = None,
 ) -> Walk:
     """Breadth-first from the outputs' nodes; stops at the inputs (the stage boundary).
 
     `input_nodes` maps each input's grad node to its position; `param_names` maps the
-    AccumulateGrad node of each parameter to its `named_parameters()` name.
+    AccumulateGrad node of each parameter to its `named_parameters()` name; `op_labels` the
+    other nodes to the names `analyze` prints ("TanhBackward0#1"), so a drawing and a printed
+    analysis name each node alike (torch's own name, unnumbered, where it has none).
     """
+    op_labels = op_labels or {}
     nodes: list[GNode] = []
     by_node: dict[Any, GNode] = {}
 
@@ -89,13 +86,13 @@ def walk(
         nid = f"n{len(nodes)}"
         shape = shape_text(node_shape(node))
         if node in input_nodes:
-            g = GNode(nid, node, "input", f"input {input_nodes[node]}\n{shape}")
+            g = GNode(nid, node, "input", f"input[{input_nodes[node]}]\n{shape}")
         elif hasattr(node, "variable"):  # AccumulateGrad: a leaf that is not an input
             name = param_names.get(node)  # None: a leaf the module does not own
             module = name.rpartition(".")[0] if name else ""
             g = GNode(nid, node, "param", f"{name or 'leaf tensor'}\n{shape}", module)
         else:
-            g = GNode(nid, node, "op", op_name(node))
+            g = GNode(nid, node, "op", op_labels.get(node) or node.name())
         nodes.append(g)
         by_node[node] = g
         return g, True

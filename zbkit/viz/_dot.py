@@ -73,7 +73,8 @@ def legend(
         entries.append(("legend_i", "runs in I\n(input grad)", {"fillcolor": c.KIND_COLORS["I"]}))
         entries.append(("legend_w", "runs in W\n(weight grad)", {"fillcolor": c.KIND_COLORS["W"]}))
     else:
-        entries.append(("legend_i", "input closure\n(runs in I)", {"fillcolor": c.CLOSURE_FILL}))
+        closure = {"fillcolor": c.KIND_COLORS["I"]}  # I's colour: the closure is what I runs
+        entries.append(("legend_i", "input closure\n(runs in I)", closure))
         entries.append(("legend_w", "param-only op\n(runs in W)", {"fillcolor": "white"}))
     if mixed is not None:
         bar = html_label(["module box:", "ops of I and W"], [(mixed[0], 1), (mixed[1], 1)])

@@ -52,7 +52,7 @@ def collapsed_box(
     """
     lines = [path, f"{ops} ops, {params} params"]
     if splits:
-        lines.append(f"{splits} split points")
+        lines.append(f"{splits} split point{'s' if splits != 1 else ''}")
     attrs: dict[str, str] = {}
     if splits:
         attrs.update(color=c.SPLIT_COLOR, penwidth="2")

@@ -2,10 +2,13 @@
 
 What the picture says (see the legend it carries):
 - yellow boxes are parameters (named by module path), blue / red houses the inputs / outputs;
-- grey ops are the inputs' closure: the nodes the input-gradient pass (I) runs through;
-  white ops lie only on parameter paths and run in the weight pass (W);
+- teal ops (I's colour in every drawing) are the inputs' closure: the nodes the
+  input-gradient pass (I) runs through; white ops lie only on parameter paths and run in the
+  weight pass (W);
 - each ParamGroup is a coloured cluster, holding its parameters and the W-only ops above them;
 - red-bordered ops are split points (the group's intermediates), where I stops and W starts.
+Every node carries the name `analyze` prints for it ("TanhBackward0#1", "0.weight",
+"input[0]"), so a drawing and a printed analysis can be read side by side.
 Edges point the way the forward ran (producer -> consumer), so parameters sit at the top.
 """
 
@@ -82,7 +85,7 @@ def _unpack(obj: Any, inputs: Any, module: torch.nn.Module | None) -> tuple[Walk
         for n, label in labels.items()
         if hasattr(n, "variable") and "#" not in label and n not in input_nodes
     }
-    return walk(roots, shapes, input_nodes, param_names), analysis
+    return walk(roots, shapes, input_nodes, param_names, labels), analysis
 
 
 def _w_regions(w: Walk, closure: set[Any], groups: list[Any]) -> dict[str, int]:
@@ -131,7 +134,8 @@ def _phase_fill(in_closure: bool, phases: bool, highlight: Phase | None) -> tupl
         return (c.KIND_COLORS[runs], False) if runs == highlight else (c.DIM_FILL, True)
     if phases:
         return c.KIND_COLORS["I" if in_closure else "W"], False
-    return (c.CLOSURE_FILL if in_closure else "white"), False
+    # the closure is what I runs: I's colour, as with phases=True and on the schedules
+    return (c.KIND_COLORS["I"] if in_closure else "white"), False
 
 
 def _i_fill(phases: bool, highlight: Phase | None) -> str:
@@ -247,9 +251,7 @@ def draw_graph(
             if gi not in clusters:
                 clusters[gi] = graphviz.Digraph(name=f"cluster_group{gi}")
             target = clusters[gi]
-        # split points carry the analysis' name ("AddmmBackward0#2"), as the explorer lists them
-        label = analysis.labels.get(g.node, g.label) if g.node in split_nodes else g.label
-        target.node(g.id, label, fillcolor=fill, **attrs)
+        target.node(g.id, g.label, fillcolor=fill, **attrs)
 
     for gi in sorted(clusters):
         chosen = group is None or gi == group
