@@ -48,7 +48,7 @@ def test_clicking_f_i_w_fills_grads_in_order_and_matches_autograd():
     assert all(p.grad is None for p in model.parameters())  # I leaves every .grad alone
     assert torch.allclose(s.input_grads[0], want_x, atol=1e-6)
     table = s.table.value
-    assert re.search(r"input 0</td><td[^>]*>\(5, 4\)</td><td[^>]*>filled", table)
+    assert re.search(r"input\[0\]</td><td[^>]*>\(5, 4\)</td><td[^>]*>filled", table)
     assert table.count(">empty<") == 4 and table.count(">yes<") == 1
     i_src = s.graph.source
     assert KIND_COLORS["I"] in i_src and DIM_FILL in i_src and KIND_COLORS["W"] not in i_src
@@ -85,3 +85,23 @@ def test_out_of_order_steps_and_bad_inputs_are_refused_clearly():
         s.step("B")
     with pytest.raises(TypeError, match="inputs\\[0\\] is list"):
         SplitBackwardStepper(model, [[1.0, 2.0]])
+
+
+def test_a_grad_left_by_earlier_code_is_cleared_and_said_so():
+    # README's order: a split backward by hand on a loss of its own, then the stepper on the
+    # same module. The old .grads belong to that other loss: set against the stepper's oracle
+    # they read NO in every row before anything was pressed.
+    torch.manual_seed(0)
+    model = Mlp()
+    x = torch.randn(5, 4)
+    model(x).pow(2).mean().backward()
+    s = SplitBackwardStepper(model, x)
+    assert all(p.grad is None for p in model.parameters())
+    assert s.cleared == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert "4 parameters had a .grad from earlier code" in s.status.value
+    assert ">NO<" not in s.table.value and s.table.value.count(">empty<") == 5
+    for kind in "FIW":
+        s.step(kind)
+    assert s.table.value.count(">yes<") == 5 and ">NO<" not in s.table.value
+    assert "earlier code" not in s.status.value  # said once, before the first F
+    assert SplitBackwardStepper(Mlp(), x).cleared == []  # a fresh module: nothing to say

@@ -31,7 +31,9 @@ def _norm(t: torch.Tensor | None) -> str:
 class SplitBackwardStepper(Offline, w.VBox):
     """Buttons F -> I -> W (and reset) on `module(*inputs)`; graph and `.grad` table update.
 
-    A non-scalar output gets gradient ones (as if its sum were the loss). Attributes for code:
+    A non-scalar output gets gradient ones (as if its sum were the loss). Every parameter's
+    `.grad` is cleared when the stepper is made (the names it cleared: `cleared`), so the
+    table shows only what its own passes compute. Attributes for code:
     `buttons` (dict of the four buttons), `phase` ("ready", "F", "I" or "W"), `graph` (the last
     drawing), `table` (an HTML widget), `input_grads` (after I).
     """
@@ -47,6 +49,12 @@ class SplitBackwardStepper(Offline, w.VBox):
         self.output_grads = output_grads
         self.weights = [p for p in module.parameters() if p.requires_grad]
         self.names = {id(p): n for n, p in module.named_parameters()}  # lookup only
+        # A .grad left by earlier code (a backward of another loss, a split backward run by
+        # hand) is not this stepper's work: the table would set it against this stepper's
+        # oracle and say NO for every parameter. Start clean, as F does, and say so.
+        self.cleared = [self.names.get(id(p), "?") for p in self.weights if p.grad is not None]
+        for p in self.weights:
+            p.grad = None
         self.ref_weights, self.ref_inputs = self._plain_autograd()
         self.phase = "ready"
         self.graph: Any = None
@@ -119,6 +127,7 @@ class SplitBackwardStepper(Offline, w.VBox):
                 for p in self.weights:
                     p.grad = None  # start from empty .grad, so the table shows one step's work
                 self.input_grads = []
+                self.cleared = []  # said once, before the first F
             if kind == "F":
                 self.outputs = self._forward()
                 self.analysis = analyze(self.outputs, self.xs, self.module)
@@ -164,6 +173,11 @@ class SplitBackwardStepper(Offline, w.VBox):
             "W": "W done: every .grad is filled and equals plain autograd's. Press W again "
             "to see why a second W is refused, or F for the next microbatch.",
         }[self.phase]
+        if self.cleared:
+            said += (
+                f" ({len(self.cleared)} parameters had a .grad from earlier code, such as "
+                f"{self.cleared[0]}: cleared, so the table shows only the stepper's work.)"
+            )
         self.status.value = f"<p>phase <b>{self.phase}</b>: {html.escape(said)}</p>"
         self.table.value = self._table()
         if self.analysis is not None:
@@ -175,7 +189,7 @@ class SplitBackwardStepper(Offline, w.VBox):
         rows = []
         for k, x in enumerate(self.inputs):
             got = self.input_grads[k] if k < len(self.input_grads) else None
-            rows.append((f"input {k}", x, got, self.ref_inputs[k]))
+            rows.append((f"input[{k}]", x, got, self.ref_inputs[k]))
         for p, ref in zip(self.weights, self.ref_weights, strict=True):
             rows.append((self.names.get(id(p), "?"), p, p.grad, ref))
         body = []
