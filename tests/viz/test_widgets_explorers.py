@@ -41,6 +41,8 @@ def test_group_explorer_lists_the_chosen_group_and_highlights_it():
         shown = f"<td style='padding:0 8px'>{name}</td>" in e.details.value
         assert shown == name.startswith("0.")
     assert "(8, 4)" in e.details.value and "(8)" in e.details.value
+    # counted in words: one split point is "1 split point", not "1 split points"
+    assert "2 parameters, W starts at 1 split point;" in e.details.value
     # W of the first Linear starts where its output (5, 8) enters the input closure
     assert re.search(r"Addmm\w*#\d+</td><td[^>]*>\(5, 8\) \(expected\)", e.details.value)
     chosen = re.search(r"subgraph cluster_group0 \{(.*?)\}", e.graph.source, re.S).group(1)
@@ -294,3 +296,37 @@ def test_before_the_kernel_runs_a_widget_shows_one_line_and_a_picture():
     )
     s = SplitBackwardStepper(nn.Linear(2, 2), torch.randn(3, 2))._repr_mimebundle_()
     assert "\n" not in s["text/plain"] and "run this cell" in s["text/plain"]
+
+
+def test_run_viewer_title_legend_and_rows_never_overlap_and_one_rank_stays_tall():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    # zb-v: the widest legend (kinds, two chunks, idle, edges; "simulated" in the overlay)
+    sim = simulate(build_schedule("zb-v", pp=4, microbatches=8), Costs(0.01, 0.01, 0.01, comm=5e-4))
+    run = [e._replace(start=1.07 * e.start + 3e-3, end=1.07 * e.end + 3e-3) for e in sim.events]
+    v = RunViewer(run, sim, unit="s")
+    for rank, compare in [(-1, "rows"), (-1, "overlay"), (1, "rows"), (1, "overlay")]:
+        v.show(rank)
+        v.compare.value = compare
+        fig = v.figure
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        ax = fig.axes[0]
+        title = next(t for t in (ax.title, ax._left_title) if t.get_text())
+        boxes = {
+            "title": title.get_window_extent(renderer),
+            "legend": ax.get_legend().get_window_extent(renderer),
+            "axes": ax.get_window_extent(renderer),
+        }
+        where = f"rank {rank}, {compare}"
+        # stacked top to bottom, each clear of the next, all inside the figure
+        assert boxes["title"].y0 > boxes["legend"].y1, where
+        assert boxes["legend"].y0 >= boxes["axes"].y1, where
+        assert boxes["title"].y1 <= fig.bbox.height and boxes["title"].x0 >= 0, where
+        rows = len(ax.get_yticks())
+        assert boxes["axes"].height / fig.dpi >= min(0.9, 0.42 * rows) - 1e-6, where
+        if rank == 1 and compare == "overlay":  # one rank alone: not a thin strip
+            assert rows == 1 and boxes["axes"].height / fig.dpi >= 0.9
+        # the title says what was simulated, and the numbers under the picture agree with it
+        assert "hop 0.0005" in title.get_text() and "F 0.01" in title.get_text()
+        assert f"sim: makespan {sim.makespan:.4g}, bubble {sim.bubble_rate:.1%}" in title.get_text()
+        assert f"bubble {sim.bubble_rate:.1%} (simulated with F 0.01" in v.numbers.value

@@ -22,6 +22,11 @@ def _captured_shapes(node: Any) -> str:
     return ", ".join(shape_text(s) for s in shapes) + " (expected)" if shapes else "?"
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 split point', '2 split points'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 class ParamGroupExplorer(Offline, w.VBox):
     """A dropdown of the analysis' groups; the graph highlights the chosen one.
 
@@ -93,8 +98,9 @@ class ParamGroupExplorer(Offline, w.VBox):
         ]
         outputs = ", ".join(info.outputs) or "none"
         return (
-            f"<p><b>group {index}</b>: {len(params)} parameters, W starts at "
-            f"{len(splits)} split points; outputs outside I feeding it: {html.escape(outputs)}</p>"
+            f"<p><b>group {index}</b>: {_count(len(params), 'parameter')}, W starts at "
+            f"{_count(len(splits), 'split point')}; stage outputs outside I (not computed from "
+            f"the inputs) feeding it: {html.escape(outputs)}</p>"
             + table_html(["parameter", "shape"], params)
             + table_html(["split point (intermediate)", "captured gradient shapes"], splits)
         )
