@@ -1,5 +1,7 @@
 """group_params and analyze: real unions, deterministic order, names, drawing."""
 
+import re
+
 import graphviz
 import torch
 from torch import nn
@@ -90,3 +92,13 @@ def test_analyze_first_stage_groups_start_at_outputs():
     assert [g.param_names for g in a.groups] == [["weight"]]
     assert a.groups[0].intermediates == [] and len(a.groups[0].outputs) == 1
     assert a.input_closure == set()
+
+
+def test_outputs_outside_i_column_says_what_it_holds():
+    # a first stage (input without grad): I runs nothing, the group's W starts at the output
+    emb = nn.Embedding(5, 4)
+    a = analyze(emb(torch.tensor([[1, 2]])).sum(), torch.tensor([[1, 2]]), emb)
+    html = a._repr_html_()
+    header = re.search(r'<th title="([^"]+)">outputs outside I</th>', html).group(1)
+    assert "not computed from the inputs" in header and "W also starts there" in header
+    assert f"<td>{a.groups[0].outputs[0]}</td>" in html and "SumBackward0#1" in html

@@ -18,6 +18,13 @@ if TYPE_CHECKING:
     import graphviz
 
 
+# what the table's last column means, as its header's tooltip (notebook 01 says it in words)
+_OUTSIDE_I = (
+    "stage outputs not computed from the inputs (so I never runs them) that feed the "
+    "group's parameters: W also starts there, from the gradient the next stage sent"
+)
+
+
 @dataclass(eq=False)
 class GroupInfo:
     """One ParamGroup, named (`group` holds its autograd nodes)."""
@@ -74,7 +81,7 @@ class SplitGradAnalysis:
             f"<p><b>SplitGradAnalysis</b>: {len(self.reverse_graph)} autograd nodes, "
             f"{len(self.input_closure)} run in the input pass, {len(self.groups)} groups</p>"
             "<table><tr><th>group</th><th>parameters</th><th>W starts at (intermediates)</th>"
-            f"<th>outputs outside I</th></tr>{rows}</table>{extra}"
+            f'<th title="{_OUTSIDE_I}">outputs outside I</th></tr>{rows}</table>{extra}'
         )
 
     def to_dot(self) -> graphviz.Digraph:
