@@ -102,3 +102,15 @@ def test_outputs_outside_i_column_says_what_it_holds():
     header = re.search(r'<th title="([^"]+)">outputs outside I</th>', html).group(1)
     assert "not computed from the inputs" in header and "W also starts there" in header
     assert f"<td>{a.groups[0].outputs[0]}</td>" in html and "SumBackward0#1" in html
+
+
+def test_one_group_is_counted_in_the_singular():
+    w = nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    one = analyze(w(x).sum(), x, w)
+    assert "1 param group\n" in repr(one) + "\n" and "1 param groups" not in repr(one)
+    assert "1 param group</p>" in one._repr_html_()
+    assert repr(draw_graph(one)) == "<ZbDigraph: 6 nodes, 1 param group>"
+    mlp = nn.Sequential(w, nn.Linear(3, 1))
+    two = analyze(mlp(x).sum(), x, mlp)
+    assert "2 param groups" in repr(two)

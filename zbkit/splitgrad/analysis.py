@@ -50,10 +50,14 @@ class SplitGradAnalysis:
     unused_params: list[str]  # trainable, but the outputs do not depend on them
     frozen_params: list[str]  # requires_grad=False
 
+    def _groups_text(self) -> str:
+        """'1 param group', '6 param groups'."""
+        return f"{len(self.groups)} param group{'s' if len(self.groups) != 1 else ''}"
+
     def __repr__(self) -> str:
         lines = [
             f"SplitGradAnalysis: {len(self.reverse_graph)} nodes, "
-            f"{len(self.input_closure)} in the input closure, {len(self.groups)} param groups"
+            f"{len(self.input_closure)} in the input closure, {self._groups_text()}"
         ]
         for g in self.groups:
             starts = ", ".join(g.intermediates + [f"output {o}" for o in g.outputs])
@@ -79,7 +83,7 @@ class SplitGradAnalysis:
             extra += f"<p>frozen: {esc(', '.join(self.frozen_params))}</p>"
         return (
             f"<p><b>SplitGradAnalysis</b>: {len(self.reverse_graph)} autograd nodes, "
-            f"{len(self.input_closure)} run in the input pass, {len(self.groups)} groups</p>"
+            f"{len(self.input_closure)} run in the input pass, {self._groups_text()}</p>"
             "<table><tr><th>group</th><th>parameters</th><th>W starts at (intermediates)</th>"
             f'<th title="{_OUTSIDE_I}">outputs outside I</th></tr>{rows}</table>{extra}'
         )

@@ -294,7 +294,7 @@ def draw_graph(
             mixed=both if mixed else None,
         )
         dot.subgraph(key)
-    summary = f"{len(w.nodes)} nodes, {len(groups)} param groups"
+    summary = f"{len(w.nodes)} nodes, {len(groups)} param group{'s' if len(groups) != 1 else ''}"
     if depth is not None:
         summary += f", collapsed to module depth {depth}"
     dot.attr(label=title if title is not None else f"autograd graph: {summary}")

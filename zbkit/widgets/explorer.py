@@ -82,7 +82,8 @@ class ParamGroupExplorer(Offline, w.VBox):
                 for g in a.groups
             ]
             head = (
-                f"<p>{len(a.groups)} groups; {len(a.input_closure)} of {len(a.reverse_graph)} "
+                f"<p>{_count(len(a.groups), 'group')}; {len(a.input_closure)} of "
+                f"{len(a.reverse_graph)} "
                 "autograd nodes run in the input pass (I).</p>"
             )
             return head + table_html(["group", "parameters", "W starts at"], rows)
