@@ -2,15 +2,52 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import ipywidgets as w
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from zbkit.schedules.events import rank_spans
 from zbkit.viz import plot_schedule, timeline
 from zbkit.widgets._common import Offline, table_html
 
 _DPI, _WIDTH_IN = 100, 10.0  # drawn at the size it is shown, as ScheduleExplorer
+_ROW_IN, _MIN_AXES_IN = 0.42, 0.9  # a rank's row; the boxes of one rank alone stay this tall
+_BOTTOM_IN, _GAP_PX = 0.55, 6  # ticks and the axis label; between axes, legend and title
+
+
+def _sim_costs(simulation: Any) -> str:
+    """'F 0.01, I 0.01, W 0.01, hop 0.00053': the costs the simulation ran with, per stage
+    (their medians when stages differ), so its numbers say what they are."""
+    stages = simulation.per_stage
+    parts = {p: statistics.median(getattr(c, p) for c in stages) for p in ("F", "I", "W", "comm")}
+    same = all(c == stages[0] for c in stages)
+    text = ", ".join(f"{'hop' if p == 'comm' else p} {v:.3g}" for p, v in parts.items())
+    return text if same else f"{text} (medians over stages)"
+
+
+def _lay_out(fig: Any) -> None:
+    """Title, then legend, then the rows, each clear of the next; one rank alone kept tall.
+
+    `plot_schedule` puts its left title and its legend side by side above the axes: wide
+    numbers run into a wide legend, and a single row is a thin strip. Here the figure's
+    height is set from what it holds: the rows (at least `_MIN_AXES_IN`), the legend's and
+    the title's own heights measured by the renderer, the title lifted above the legend.
+    """
+    ax = fig.axes[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    legend = ax.get_legend()
+    legend_px = legend.get_window_extent(renderer).height if legend is not None else 0.0
+    pad_pt = (legend_px + _GAP_PX) * 72 / fig.dpi  # points above the axes
+    title = ax.set_title(ax.get_title(loc="left"), loc="left", fontsize=9, pad=pad_pt, va="bottom")
+    title_px = title.get_window_extent(renderer).height
+    axes_in = max(_ROW_IN * len(ax.get_yticks()), _MIN_AXES_IN)
+    top_in = (legend_px + title_px + 3 * _GAP_PX) / fig.dpi
+    height = _BOTTOM_IN + axes_in + top_in
+    fig.set_size_inches(fig.get_figwidth(), height)
+    left, _, axes_w, _ = ax.get_position().bounds
+    ax.set_position((left, _BOTTOM_IN / height, axes_w, axes_in / height))
 
 
 def _idle(span: float, busy: float) -> float:
@@ -77,11 +114,20 @@ class RunViewer(Offline, w.VBox):
                 simulation=self.simulation,
                 compare=self.compare.value,
                 ranks=ranks,
+                title=self._title(ranks),
                 unit=self.unit,
                 width=_WIDTH_IN,
             )
+            _lay_out(self.figure)
             self.image.value = self.figure.to_png(dpi=_DPI, compress_level=1)
             self.numbers.value = self._numbers(ranks)
+
+    def _title(self, ranks: list[int] | None) -> str:
+        shown = "all ranks" if ranks is None else f"rank {ranks[0]}"
+        what = "measured run" if self.sim is None else "measured run over its simulation"
+        if self.sim is not None and hasattr(self.simulation, "per_stage"):
+            what += f" ({_sim_costs(self.simulation)})"
+        return f"{shown}: {what}"
 
     def _numbers(self, ranks: list[int] | None) -> str:
         run = rank_spans(self.run.events)
@@ -100,4 +146,6 @@ class RunViewer(Offline, w.VBox):
         head = f"<p>run: makespan {self.run.makespan:.4g}, bubble {self.run.bubble_rate:.1%}"
         if self.sim:
             head += f"; sim: makespan {self.sim.makespan:.4g}, bubble {self.sim.bubble_rate:.1%}"
+            if hasattr(self.simulation, "per_stage"):  # a Simulation, not a bare event list
+                head += f" (simulated with {_sim_costs(self.simulation)})"
         return head + "</p>" + table_html(header, rows)
