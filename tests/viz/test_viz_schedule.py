@@ -7,16 +7,19 @@ two renders.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import matplotlib
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
+from matplotlib.offsetbox import HPacker, TextArea
+from matplotlib.patches import Rectangle
 
 from zbkit.schedules import Costs, build_schedule, simulate
 from zbkit.viz import plot_memory, plot_schedule
-from zbkit.viz._colors import KIND_COLORS
-from zbkit.viz._gantt import shade
+from zbkit.viz._colors import KIND_COLORS, KIND_DARK_COLORS, chunk_color
 
 
 def _collection(fig, gid):
@@ -32,8 +35,8 @@ def test_one_box_per_action_coloured_by_kind_and_numbers_in_title(name):
     boxes = _collection(fig, "actions")
     assert len(boxes.get_paths()) == len(actions)
     colours = Counter(to_hex(c) for c in boxes.get_facecolors())
-    # interleaved: rank r holds stages r and r + 4; the second chunk is a darker shade
-    assert colours == Counter(shade(KIND_COLORS[a.kind], a.stage // 4, 2) for a in actions)
+    # interleaved: rank r holds stages r and r + 4; the second chunk in the kind's dark colour
+    assert colours == Counter(chunk_color(a.kind, a.stage // 4, 2) for a in actions)
     # each box spans exactly its event's time (rank order, then time order)
     xs = sorted((min(p.vertices[:, 0]), max(p.vertices[:, 0])) for p in boxes.get_paths())
     want = sorted((e.start, e.end) for e in sim.events)
@@ -169,31 +172,90 @@ def test_hatched_idle_is_what_the_bubble_rate_counts(name):
     assert "idle (bubble)" in labels and "before first / after last action" in labels
 
 
-def test_zb_v_boxes_show_their_chunk():
+def _lab(colour):
+    """CIELAB (D65) of an sRGB colour: distances in it are what an eye tells apart."""
+
+    def linear(c):
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in matplotlib.colors.to_rgb(colour))
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+    fx, fy, fz = (t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in (x, y, z))
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def _distance(a, b):
+    return sum((p - q) ** 2 for p, q in zip(_lab(a), _lab(b), strict=True)) ** 0.5
+
+
+def test_zb_v_boxes_show_their_chunk_and_kind():
+    """Issue 22: the second chunk's F, I, W were near-identical dark shades (blue, teal and
+    green scaled towards black) and narrow boxes said only the microbatch."""
     p = 4
     sim = simulate(build_schedule("zb-v", pp=p, microbatches=8), Costs(0.5, 0.5, 0.5))
     fig = plot_schedule(sim)
     boxes = _collection(fig, "actions")
-    # rank r holds stages r (chunk 0, the kind's colour) and 2p-1-r (chunk 1, darker)
+    # rank r holds stages r (chunk 0, the kind's colour) and 2p-1-r (chunk 1, its dark colour)
     order = sorted(sim.events, key=lambda e: (e.rank, e.start, e.end, e.stage, e.kind))
+    drawn: dict[tuple[int, str], set[str]] = {}
     for e, colour in zip(order, boxes.get_facecolors(), strict=True):
-        plain = KIND_COLORS[e.kind]
-        if e.stage < p:
-            assert to_hex(colour) == plain
-        else:
-            assert e.stage == 2 * p - 1 - e.rank and to_hex(colour) != plain
-            assert sum(matplotlib.colors.to_rgb(colour)) < sum(matplotlib.colors.to_rgb(plain))
+        chunk = 0 if e.stage < p else 1
+        assert e.stage in (e.rank, 2 * p - 1 - e.rank)
+        drawn.setdefault((chunk, e.kind), set()).add(to_hex(colour))
+    assert drawn == {(0, k): {KIND_COLORS[k]} for k in "FIW"} | {
+        (1, k): {KIND_DARK_COLORS[k]} for k in "FIW"
+    }
+    # every two of the six colours are far apart (CIELAB distance; ~2.3 is just noticeable):
+    # the old dark teal and dark blue were 28 apart, dark blue and the light one 24
+    six = [c for (colours) in drawn.values() for c in colours]
+    assert min(_distance(a, b) for i, a in enumerate(six) for b in six[i + 1 :]) > 29
+    # the legend: one entry per chunk, with its stages
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "chunk 0: stages 0-3" in labels and "chunk 1: stages 4-7 (darker)" in labels
+    assert "chunk 0: stages 0-3" in labels and "chunk 1: stages 4-7" in labels
+    # each chunk's entry: its kinds' colours, as drawn in its boxes, side by side
+    swatches = {}
+    for row in fig.axes[0].get_legend().findobj(HPacker):
+        drawing, text = row.get_children()[0], row.get_children()[-1]
+        if isinstance(text, TextArea) and text.get_text().startswith("chunk"):
+            patches = [a for a in drawing.get_children() if isinstance(a, Rectangle)]
+            swatches[text.get_text()] = [to_hex(a.get_facecolor()) for a in patches]
+    assert swatches == {
+        "chunk 0: stages 0-3": [KIND_COLORS[k] for k in "FIW"],
+        "chunk 1: stages 4-7": [KIND_DARK_COLORS[k] for k in "FIW"],
+    }
     # dark boxes get white text
     on_dark = {t.get_color() for t in fig.axes[0].texts}
     assert on_dark == {"black", "white"}
-    # wide enough, every box names its stage: the full label (5F3) or stage:microbatch (5:3)
-    wide = plot_schedule(sim, width=30)
-    texts = [t.get_text() for t in wide.axes[0].texts]
-    assert all(":" in t or t[1] in "FIWB" for t in texts)
-    named = sorted((int(t[0]), int(t[-1])) for t in texts)
-    assert named == sorted((e.stage, e.microbatch) for e in sim.events)
+
+    def said(fig):
+        """(row, stage or '', kind, microbatch) of each box's label: 5F3, 5F over 3, F over 3."""
+        found = (re.fullmatch(r"(\d*)([FIWB])\n?(\d+)", t.get_text()) for t in fig.axes[0].texts)
+        rows = (round(t.get_position()[1]) for t in fig.axes[0].texts)
+        return Counter((r, m[1], m[2], int(m[3])) for r, m in zip(rows, found, strict=True))
+
+    # the notebook's width: every box names its stage, kind and microbatch (5F over 3)
+    wide = plot_schedule(sim, width=14)
+    assert said(wide) == Counter((e.rank, str(e.stage), e.kind, e.microbatch) for e in sim.events)
+    # the default width: every box still names its kind and microbatch; its colour the chunk
+    assert said(fig) == Counter((e.rank, "", e.kind, e.microbatch) for e in sim.events)
+    # and no label is wider than its box, nor runs into its neighbour's
+    for f in (fig, wide):
+        renderer = FigureCanvasAgg(f).get_renderer()
+        ax = f.axes[0]
+        for rank in range(p):
+            box = {(e.start + e.end) / 2: e for e in sim.events if e.rank == rank}
+            texts = [t for t in ax.texts if round(t.get_position()[1]) == rank]
+            spans = sorted(
+                ((t.get_window_extent(renderer), t) for t in texts), key=lambda s: s[0].x0
+            )
+            for (left, _), (right, _) in zip(spans, spans[1:], strict=False):
+                assert left.x1 < right.x0
+            for extent, t in spans:
+                e = box[t.get_position()[0]]
+                x0, x1 = ax.transData.transform([(e.start, 0), (e.end, 0)])[:, 0]
+                assert x0 < extent.x0 and extent.x1 < x1, (t.get_text(), e)
     # one stage per rank: plain colours, no chunk legend
     one = plot_schedule(simulate(build_schedule("zb-h1", pp=p, microbatches=8), Costs()))
     assert not any("chunk" in t.get_text() for t in one.axes[0].get_legend().get_texts())
@@ -242,3 +304,16 @@ def test_iterations_tile_and_the_title_says_how_they_were_run():
         # the second iteration's boxes start where the steady state puts them: one period on
         first = min(e.start for e in sim.events if e.rank == 0 and e.microbatch >= 8)
         assert first == pytest.approx(27 if sync else 24)
+
+
+def test_a_middle_chunk_lies_between_light_and_dark():
+    # three stages per rank: chunk 1 halfway from the kind's colour to its dark one
+    light, dark = (matplotlib.colors.to_rgb(c) for c in (KIND_COLORS["F"], KIND_DARK_COLORS["F"]))
+    middle = matplotlib.colors.to_rgb(chunk_color("F", 1, 3))
+    assert middle == pytest.approx(
+        [(a + b) / 2 for a, b in zip(light, dark, strict=True)], abs=1 / 255
+    )
+    assert (
+        chunk_color("F", 0, 3) == KIND_COLORS["F"]
+        and chunk_color("F", 2, 3) == KIND_DARK_COLORS["F"]
+    )

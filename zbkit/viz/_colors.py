@@ -16,8 +16,34 @@ OTHER_KIND_COLOR = "#c8c8c8"  # a kind added to the table without a colour of it
 KIND_NAMES = {letter: kind.name for letter, kind in KINDS.items()}  # the table's words
 
 
+# A rank's last chunk (ZB-V's stages p..2p-1, on the way back up): the same hues, dark and
+# saturated. Picked by hand, not by darkening: scaled towards black, teal, green and blue all
+# turn the same murky grey-green. Every dark pair differs by a CIELAB distance of 35 or more,
+# and each dark colour from its light one by 29 or more; white text reads on all of them.
+KIND_DARK_COLORS = {
+    "F": "#1c4f99",
+    "I": "#00666e",
+    "W": "#3e730f",
+    "B": "#7a2e8e",
+}
+OTHER_KIND_DARK_COLOR = "#6e6e6e"
+
+
 def kind_color(letter: str) -> str:
     return KIND_COLORS.get(letter, OTHER_KIND_COLOR)
+
+
+def chunk_color(letter: str, chunk: int, num_chunks: int) -> str:
+    """The kind's colour for chunk 0, its dark colour for the last chunk, in between for the
+    chunks between (interleaved schedules with more than two stages per rank)."""
+    light = kind_color(letter)
+    if num_chunks <= 1 or chunk == 0:
+        return light
+    dark = KIND_DARK_COLORS.get(letter, OTHER_KIND_DARK_COLOR)
+    f = chunk / (num_chunks - 1)
+    # plain hex arithmetic: draw_graph uses this module without matplotlib installed
+    rgb = [int(light[i : i + 2], 16) * (1 - f) + int(dark[i : i + 2], 16) * f for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(v):02x}" for v in rgb)
 
 
 IDLE_COLOR = "#eeeeee"  # bubbles: a rank waiting inside its span (hatched)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from matplotlib.colors import to_hex, to_rgb
+from matplotlib.colors import to_rgb
 
 from zbkit.schedules import Event
 
@@ -51,30 +51,25 @@ def chunks(events: Iterable[Event]) -> dict[tuple[int, int], int]:
     return {(r, s): i for r, held in stages.items() for i, s in enumerate(sorted(held))}
 
 
-def shade(color: str, chunk: int, num_chunks: int) -> str:
-    """`color` for chunk 0, darker for each later chunk (at most 35 % towards black)."""
-    if num_chunks <= 1 or chunk == 0:
-        return color
-    f = 1.0 - 0.35 * chunk / (num_chunks - 1)
-    r, g, b = to_rgb(color)
-    return to_hex((f * r, f * g, f * b))
-
-
 def text_color(fill: str) -> str:
-    """Black on light boxes, white on dark ones (a later chunk's shade)."""
+    """Black on light boxes, white on dark ones (a later chunk's colour)."""
     r, g, b = to_rgb(fill)
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.45 else "white"
 
 
-def box_text(e: Event, room: float, chunked: bool) -> str:
-    """The longest label that fits in `room` characters: `5F3` (stage, kind, microbatch),
-    then `5:3` where a rank holds several stages (so the chunk stays readable), then `3`."""
-    texts = [e.label, f"{e.stage}:{e.microbatch}"] if chunked else [e.label]
-    for text in texts:
-        if room >= len(text) + 1:
-            return text
-    last = str(e.microbatch)
-    return last if room >= len(last) + 1 else ""
+def box_texts(e: Event) -> list[str]:
+    """What a box may say, longest first; the plot writes the first that fits.
+
+    `5F3` (stage, kind, microbatch: the same text as the program), then on two lines `5F`
+    over `3`, then `F` over `3` (the box's colour still tells the chunk), then `3`. The kind
+    letter outlasts the stage: colours alone are what a learner could not tell apart.
+    """
+    return [
+        e.label,
+        f"{e.stage}{e.kind}\n{e.microbatch}",
+        f"{e.kind}\n{e.microbatch}",
+        str(e.microbatch),
+    ]
 
 
 def pair_spans(events: Iterable[Event]) -> list[Gap]:

@@ -9,23 +9,43 @@ the rank's first action or after its last. `plot_memory` lives in `memory_plot`.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Literal
 
+import matplotlib
 from matplotlib.collections import PolyCollection
+from matplotlib.font_manager import FontProperties
+from matplotlib.legend_handler import HandlerTuple
 from matplotlib.patches import Patch
+from matplotlib.textpath import TextToPath
 
 from zbkit.schedules import KINDS
-from zbkit.viz._colors import COMM_COLOR, EDGE_COLOR, IDLE_COLOR, kind_color
+from zbkit.viz._colors import COMM_COLOR, EDGE_COLOR, IDLE_COLOR, chunk_color, kind_color
 from zbkit.viz._figure import DPI, ZbFigure, check_ranks
-from zbkit.viz._gantt import box_text, chunks, idle_gaps, pair_spans, shade, text_color
+from zbkit.viz._gantt import box_texts, chunks, idle_gaps, pair_spans, text_color
 from zbkit.viz.memory_plot import plot_memory  # noqa: F401 - its old home, still importable
 from zbkit.viz.timeline import Timeline, timeline
 
 _FONT_SIZE = 8  # box labels, in points
-# a generous width of one character, in pixels (DejaVu's average is ~0.6 em, "W" ~0.9 em):
-# labels of neighbouring boxes must never run together ("3W44W5")
-_FONT_PX = 0.72 * _FONT_SIZE * DPI / 72
-_CHUNK_BASE = "#b0b0b0"  # the legend's swatch for "chunk c": grey, shaded as boxes are
+_PAD_PX = 2.5  # clear space each side of a label: neighbours' labels never run together
+_LINE_PX = 1.2 * _FONT_SIZE * DPI / 72  # one line of a label, with its leading
+_BOX_HALF = 0.38  # half a box's height, in rows
+
+
+@lru_cache(maxsize=256)
+def _char_px(char: str, family: tuple[str, ...]) -> float:
+    """Width of one character of a box label, in pixels, in the font that will draw it."""
+    width, _, _ = TextToPath().get_text_width_height_descent(
+        char, FontProperties(family=list(family), size=_FONT_SIZE), ismath=False
+    )
+    return width * DPI / 72  # points -> pixels
+
+
+def _fits(text: str, width_px: float, height_px: float) -> bool:
+    lines = text.split("\n")
+    family = tuple(matplotlib.rcParams["font.family"])
+    widest = max(sum(_char_px(ch, family) for ch in line) for line in lines)
+    return widest + 2 * _PAD_PX <= width_px and len(lines) * _LINE_PX <= height_px
 
 
 def _describe(source: Any) -> str:
@@ -53,17 +73,17 @@ def _rects(spans: list[tuple[float, float]], y: float, half: float) -> list[list
     return [[(a, y - half), (b, y - half), (b, y + half), (a, y + half)] for a, b in spans]
 
 
-def _chunk_legend(chunk_of: dict[tuple[int, int], int], n: int) -> list[Patch]:
-    """One swatch per chunk, naming its stages: 'chunk 1: stages 4-7 (darker)'."""
-    out = []
+def _chunk_legend(
+    chunk_of: dict[tuple[int, int], int], n: int, kinds: list[str]
+) -> tuple[list[tuple[Patch, ...]], list[str]]:
+    """Per chunk, its kinds' colours side by side and its stages: 'chunk 1: stages 4-7'."""
+    handles, labels = [], []
     for c in range(n):
         stages = sorted({s for (_, s), i in chunk_of.items() if i == c})
         held = f"{stages[0]}-{stages[-1]}" if len(stages) > 1 else f"{stages[0]}"
-        tone = "" if c == 0 else " (darker)" if n == 2 else f" (darker x{c})"
-        out.append(
-            Patch(facecolor=shade(_CHUNK_BASE, c, n), label=f"chunk {c}: stages {held}{tone}")
-        )
-    return out
+        handles.append(tuple(Patch(facecolor=chunk_color(k, c, n)) for k in kinds))
+        labels.append(f"chunk {c}: stages {held}")
+    return handles, labels
 
 
 def plot_schedule(
@@ -109,7 +129,8 @@ def plot_schedule(
     fig = ZbFigure(figsize=(width, height), dpi=DPI)
     ax = fig.add_axes((0.09, 0.5 / height + 0.05 / height, 0.89, 1 - 1.05 / height))
     px_per_unit = (0.89 * width * DPI) / span if span > 0 else 0.0
-    # several stages per rank (zb-v, interleaved): each box shaded by its chunk
+    box_px = 2 * _BOX_HALF * (height - 1.05) * DPI / len(rows)  # a box's height in pixels
+    # several stages per rank (zb-v, interleaved): chunk 0 in the kind's colour, the last dark
     chunk_of = chunks([*main.events, *(ref.events if ref else [])])
     num_chunks = max(chunk_of.values(), default=0) + 1
 
@@ -130,16 +151,20 @@ def plot_schedule(
                     a, b = c.start - t.t0, c.end - t.t0
                     waits.append([(a, y + 0.39), (b, y + 0.39), (b, y + 0.45), (a, y + 0.45)])
         events = [e for e in t.events if e.rank == rank]
-        verts += _rects([(e.start, e.end) for e in events], y, 0.38)
-        pairs += _rects(pair_spans(events), y, 0.38)
-        fills = [shade(kind_color(e.kind), chunk_of[rank, e.stage], num_chunks) for e in events]
+        verts += _rects([(e.start, e.end) for e in events], y, _BOX_HALF)
+        pairs += _rects(pair_spans(events), y, _BOX_HALF)
+        fills = [chunk_color(e.kind, chunk_of[rank, e.stage], num_chunks) for e in events]
         colors += fills
         if overlay is not None:
             theirs = [(e.start, e.end) for e in overlay.events if e.rank == rank]
             outline_verts += _rects(theirs, y, 0.44)
         if labels:
             for e, fill in zip(events, fills, strict=True):
-                text = box_text(e, (e.end - e.start) * px_per_unit / _FONT_PX, num_chunks > 1)
+                # measured as if the kind were W, the widest letter: boxes of one width all
+                # say the same (not `5F` over `3` beside a bare `W` over `3`)
+                room = (e.end - e.start) * px_per_unit
+                texts = box_texts(e)
+                text = next((t for t in texts if _fits(t.replace(e.kind, "W"), room, box_px)), "")
                 if text:
                     ax.text(
                         (e.start + e.end) / 2,
@@ -193,27 +218,28 @@ def plot_schedule(
 
     present = {e.kind for e in main.events} | ({e.kind for e in ref.events} if ref else set())
     kinds = [k for k in KINDS.values() if k.letter in present]  # the table's order
-    handles = [Patch(facecolor=kind_color(k.letter), label=f"{k.letter}: {k.name}") for k in kinds]
+    handles: list[Any] = [Patch(facecolor=kind_color(k.letter)) for k in kinds]
+    names = [f"{k.letter}: {k.name}" for k in kinds]
     if num_chunks > 1:
-        handles += _chunk_legend(chunk_of, num_chunks)
-    handles.append(
-        Patch(facecolor=IDLE_COLOR, edgecolor="#bbbbbb", hatch="//", label="idle (bubble)")
-    )
-    handles.append(
-        Patch(facecolor=EDGE_COLOR, edgecolor="#cccccc", label="before first / after last action")
-    )
+        more, more_names = _chunk_legend(chunk_of, num_chunks, [k.letter for k in kinds])
+        handles, names = handles + more, names + more_names
+    handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#bbbbbb", hatch="//"))
+    names.append("idle (bubble)")
+    handles.append(Patch(facecolor=EDGE_COLOR, edgecolor="#cccccc"))
+    names.append("before first / after last action")
     if waits:
-        handles.append(Patch(facecolor=COMM_COLOR, label="waiting on a receive"))
+        handles.append(Patch(facecolor=COMM_COLOR))
+        names.append("waiting on a receive")
     if pairs:
-        handles.append(
-            Patch(facecolor="none", edgecolor="#222222", lw=1.6, label="overlapped F+B pair")
-        )
+        handles.append(Patch(facecolor="none", edgecolor="#222222", lw=1.6))
+        names.append("overlapped F+B pair")
     if ref is not None and compare == "overlay":
-        handles.append(
-            Patch(facecolor="none", edgecolor="#111111", ls="--", lw=1.4, label="simulated")
-        )
+        handles.append(Patch(facecolor="none", edgecolor="#111111", ls="--", lw=1.4))
+        names.append("simulated")
     ax.legend(
         handles=handles,
+        labels=names,
+        handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)},  # a chunk: its kinds' colours
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
         ncol=len(handles) if len(handles) <= 5 else -(-len(handles) // 2),  # one or two rows
