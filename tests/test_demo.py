@@ -41,6 +41,11 @@ def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch
     out = capsys.readouterr().out
     assert code == 0, out
     assert "Timing on synthetic stages" in out and "sleep (no CPU work)" in out
+    # the machine read beside each table: the load on this machine's cores, 2 ranks
+    notes = [line for line in out.splitlines() if line.startswith("machine ")]
+    assert len(notes) == 2, out  # after the timed table (stages sleep), after the real one
+    assert all(f"on {demo.cores()} cores, 2 ranks" in n for n in notes), notes
+    assert "the stages sleep" in notes[0] and "the stages sleep" not in notes[1]
 
     # the timed table: speed-ups over 1f1b, measured and simulated, and their ratio
     lines = out.splitlines()
@@ -72,6 +77,7 @@ def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch
     assert "<svg" in html and "group 0" in html and "one box per layer" in html
     assert "id=1f1b" in html and "id=zb-v" in html
     assert 'src="http' not in html  # self-contained: nothing fetched
+    assert html.count("<p>machine ") == 2  # the same notes in the report
     chrome = json.loads((out_dir / "trace-zb-v.json").read_text())["traceEvents"]
     actions = [e for e in chrome if e.get("ph") == "X" and e.get("tid") == 0]
     assert len(actions) == 3 * 4 * 4  # F, I, W of 4 microbatches on zb-v's 2 x 2 stages
@@ -196,3 +202,14 @@ def test_auto_timing_is_synthetic_when_ranks_outnumber_cores(monkeypatch):
     assert demo.use_synthetic("auto", 4, "gloo") and not demo.use_synthetic("auto", 2, "gloo")
     assert not demo.use_synthetic("auto", 4, "nccl")  # a GPU each: real timing
     assert demo.use_synthetic("synthetic", 2, "gloo") and not demo.use_synthetic("real", 4, "gloo")
+
+
+def test_synthetic_timing_says_why_it_was_chosen():
+    from zbkit.demo._pipeline import why_synthetic
+    from zbkit.launch.machine import machine_load
+
+    crowded = why_synthetic(machine_load(4, load=0.5, cores=2), stage_ms=3.0)
+    assert crowded == "4 ranks share 2 CPU cores, so real ~1 ms actions would time the wait " \
+        "for a core, not the schedule"  # fmt: skip
+    # enough cores: synthetic only because --timing synthetic asked for it
+    assert why_synthetic(machine_load(2, load=0.5, cores=8), 3.0) == "as asked (--timing synthetic)"

@@ -28,7 +28,6 @@ The parts, one concern each:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -36,6 +35,7 @@ import torch
 from zbkit.demo._pipeline import pipeline_demo
 from zbkit.demo._runs import Config, make_schedule
 from zbkit.demo._split import split_backward_demo
+from zbkit.launch.machine import usable_cores
 from zbkit.schedules import SCHEDULES, Schedule
 
 __all__ = ["add_arguments", "cores", "main", "use_synthetic"]
@@ -129,10 +129,8 @@ def _check(args: argparse.Namespace) -> tuple[Config, dict[str, Schedule]]:
 # `cores` and `use_synthetic` live here, and `main` passes their answers to part 2, so that
 # patching `zbkit.demo.cores` (as the tests do) reaches every use
 def cores() -> int:
-    """CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """CPU cores this process may run on (`zbkit.launch.machine.usable_cores`)."""
+    return usable_cores()
 
 
 def use_synthetic(timing: str, ranks: int, backend: str) -> bool:

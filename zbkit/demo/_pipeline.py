@@ -19,6 +19,7 @@ import torch
 from zbkit.demo import _report
 from zbkit.demo._html import write_report
 from zbkit.demo._runs import Config, measure_blocks, oracle, run_schedule
+from zbkit.launch.machine import MachineLoad, machine_load
 from zbkit.models import split_stages, stage_spans
 from zbkit.schedules import Costs, Schedule
 from zbkit.splitgrad import analyze
@@ -26,6 +27,17 @@ from zbkit.splitgrad import analyze
 
 def _work(costs: Costs) -> float:
     return costs.F + costs.I + costs.W
+
+
+def why_synthetic(machine: MachineLoad, stage_ms: float) -> str:
+    """Why the timed runs sleep instead of computing: more ranks than cores (real actions
+    of a third of ``stage_ms`` would time the wait for a core), or the option asked for it."""
+    if not machine.crowded:
+        return "as asked (--timing synthetic)"
+    return (
+        f"{machine.ranks} ranks share {machine.cores} CPU cores, so real ~{stage_ms / 3:.0f} ms "
+        "actions would time the wait for a core, not the schedule"
+    )
 
 
 def pipeline_demo(
@@ -70,6 +82,8 @@ def pipeline_demo(
                     costs = _report.stage_costs(blocks, spans[name], scale)
                     timed_runs[name] = cluster.run(run_schedule, cfg, name, costs)
                     progress.step(f"timed {name} on synthetic stages")
+            # the last minute's load, read while the ranks are still up: what they ran beside
+            machine = machine_load(args.ranks, cores=cores)
     except LaunchError as exc:
         print(f"\nzbkit demo: a rank failed:\n{exc}", file=sys.stderr)
         return 1
@@ -91,12 +105,11 @@ def pipeline_demo(
     ]
     if synthetic:
         lines.append(
-            f"Timing on synthetic stages: {where}, so real ~{stage_ms / 3:.0f} ms actions would "
-            f"time the wait for a core, not the schedule. The timed runs use SyntheticStages that "
-            f"sleep (no CPU work) the measured times x{scale:.0f}, a stage's F + I + W "
-            f"{args.stage_ms:g} ms, so that a hop is small beside it, as on GPUs."
+            f"Timing on synthetic stages: {why_synthetic(machine, stage_ms)}. The timed runs use "
+            f"SyntheticStages that sleep (no CPU work) the measured times x{scale:.0f}, a stage's "
+            f"F + I + W {args.stage_ms:g} ms, so that a hop is small beside it, as on GPUs."
         )
-    elif args.backend == "gloo" and cores < args.ranks:
+    elif args.backend == "gloo" and machine.crowded:
         lines.append(
             f"Timing on the real transformer, as asked: {where}, so measured times include "
             "waiting for a core, while the simulation gives every rank its own."
@@ -109,9 +122,12 @@ def pipeline_demo(
         f"{_report.slowdown(real, real_costs):.1f}x their one-process time: the time goes "
         f"between ~{stage_ms / 3:.1f} ms actions, to per-action overhead and hops of "
         f"{real_hop * 1e3:.2f} ms, which dominate such small stages on CPU"
-        + (f" ({where})" if args.backend == "gloo" and cores < args.ranks else "")
+        + (f" ({where})" if args.backend == "gloo" and machine.crowded else "")
         + "."
     )
+    # beside each table: was the machine busy while it was measured (and what that does)
+    timed_note = machine.note(sleeping=synthetic)
+    real_note = machine.note() if synthetic else timed_note
 
     # the graph of stage 1 in the finest split, one box per layer (blocks.1.attn.qkv)
     stage = split_stages(cfg.model(), max(s.num_stages for s in schedules.values()))[1]
@@ -124,7 +140,7 @@ def pipeline_demo(
     path = write_report(
         Path(args.out),
         title="zbkit demo: pipeline schedules run for real and simulated",
-        intro=[*lines, reading],
+        intro=[*lines, timed_note, reading] + ([real_note] if synthetic else []),
         real=real,
         timed=timed if synthetic else None,
         baseline=baseline,
@@ -138,8 +154,11 @@ def pipeline_demo(
     print(f"\nSpeed-up over {baseline}, measured on {what} and simulated with the same costs "
           f"(hop {hop * 1e3:.2f} ms, {hop_work:.1%} of a stage's F + I + W):")  # fmt: skip
     print(_report.format_table(_report.SPEEDUP_HEADER, _report.speedup_rows(timed, baseline)))
+    print(timed_note)
     print("\nThe real transformer on the same ranks, gradients against one process:")
     print(_report.format_table(_report.REAL_HEADER, _report.real_rows(real)))
+    if synthetic:
+        print(real_note)
     print(f"{reading}\nOne plain single-process step of the whole batch, one thread: "
           f"{plain * 1e3:.1f} ms.")  # fmt: skip
     worst = max(r.grad_diff for r in real if r.grad_diff is not None)  # all set: real stages
