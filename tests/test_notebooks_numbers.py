@@ -1,0 +1,136 @@
+"""What notebooks 04 and 05 say beside their numbers is true to the numbers they printed.
+
+Read from the stored outputs (a real run's, which nbval re-checks): the text's claims against
+the table printed next to it, one simulation's numbers wherever it is shown, and the machine
+reading beside every measured table (issue 22).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+WIDGETS = "application/vnd.jupyter.widget-state+json"
+
+
+def _load(name: str) -> dict:
+    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
+
+
+def _source(cell: dict) -> str:
+    src = cell["source"]
+    return src if isinstance(src, str) else "".join(src)
+
+
+def _cell(nb: dict, marker: str) -> tuple[int, dict]:
+    found = [(i, c) for i, c in enumerate(nb["cells"]) if marker in _source(c)]
+    assert len(found) == 1, f"{len(found)} cells hold {marker!r}"
+    return found[0]
+
+
+def _text(cell: dict) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell["outputs"])
+
+
+# ---------------------------------------------------------------------- 04: the V family
+def _v_family(nb: dict) -> tuple[dict[tuple[str, float], tuple[str, str]], str]:
+    """(name, overlap) -> (makespan, bubble) as printed, and the markdown after the table."""
+    i, cell = _cell(nb, 'rows.append(("dualpipev", hides))')
+    rows = {}
+    for line in _text(cell).splitlines()[1:]:
+        name, overlap, makespan, bubble, *_ = line.split()
+        rows[name, float(overlap)] = (makespan, bubble)
+    return rows, _source(nb["cells"][i + 1])
+
+
+def test_04_dualpipev_is_called_what_its_numbers_show():
+    rows, text = _v_family(_load("04_memory"))
+    dual, zbv = rows["dualpipev", 0.25], rows["zb-v", 0.0]
+    makespans = {key: float(m) for key, (m, _) in rows.items()}
+    bubbles = {key: float(b.rstrip("%")) for key, (_, b) in rows.items()}
+    # with overlap it has the shortest step, but not the smallest bubble: ZB-V's is smaller
+    assert min(makespans, key=makespans.__getitem__) == ("dualpipev", 0.25)
+    assert bubbles["dualpipev", 0.25] > bubbles["zb-v", 0.0]
+    assert "fastest" not in text  # "fastest" names no metric; the text says which it wins
+    assert f"shortest of the four (makespan\n  {dual[0]} against ZB-V's {zbv[0]})" in text
+    assert f"bubble rate stays higher ({dual[1]} against {zbv[1]})" in text
+    no_overlap = rows["dualpipev", 0.0]
+    assert f"(makespan {no_overlap[0]} against {zbv[0]})" in text
+
+
+def test_04_dualpipev_grid_is_a_table_that_fits_the_page():
+    nb = _load("04_memory")
+    _, cell = _cell(nb, 'build_schedule("dualpipev", pp=2, microbatches=4)')
+    tables = [o["data"]["text/html"] for o in cell["outputs"] if "text/html" in o.get("data", {})]
+    assert len(tables) == 1, "the small DualPipeV is shown as its HTML grid"
+    html = "".join(tables[0])
+    header = re.search(r"<tr>(.*?)</tr>", html).group(1)
+    steps = header.count("<th") - 1  # the first is the "step" label
+    assert steps <= 20, f"{steps} columns: wider than a notebook page"
+    assert html.count("linear-gradient") >= 4  # the overlapped pairs: two colours a cell
+    # nothing printed in the notebook is wider than a page either
+    for c in nb["cells"]:
+        for line in _text(c).splitlines() if c["cell_type"] == "code" else []:
+            assert len(line) <= 110, f"a printed line of {len(line)} characters wraps: {line}"
+
+
+# ---------------------------------------------------------------------- 05: one simulation
+def _table_05(nb: dict) -> dict[str, list[str]]:
+    _, cell = _cell(nb, "speed-up over 1f1b, measured (run) and simulated")
+    rows = {}
+    for line in _text(cell).splitlines():
+        words = line.removeprefix("[rank 0] ").split()
+        if words and words[0] in ("1f1b", "zb-h1", "zb-h2", "zb-v"):
+            rows[words[0]] = words  # name, run ms, sim ms, run x, sim x, ratio, bubbles
+    return rows
+
+
+def test_05_run_viewer_shows_the_tables_simulation():
+    nb = _load("05_running_pipelines")
+    zbv = _table_05(nb)["zb-v"]
+    states = nb["metadata"]["widgets"][WIDGETS]["state"].values()
+    numbers = [
+        s["state"]["value"]
+        for s in states
+        if isinstance(s["state"].get("value"), str) and "sim: makespan" in s["state"]["value"]
+    ]
+    assert len(numbers) == 1, "one RunViewer, its numbers stored with the widget state"
+    found = re.search(
+        r"run: makespan ([\d.]+), bubble ([\d.]+%); sim: makespan ([\d.]+), bubble ([\d.]+%) "
+        r"\(simulated with F 0.01, I 0.01, W 0.01, hop ([\d.e-]+)\)",
+        numbers[0],
+    )
+    assert found, numbers[0]
+    run_span, run_bubble, sim_span, sim_bubble, _ = found.groups()
+    assert (run_bubble, sim_bubble) == (zbv[6], zbv[7])  # the table's zb-v bubbles
+    assert round(float(sim_span) * 1e3) == int(zbv[2]) and round(float(run_span) * 1e3) == int(
+        zbv[1]
+    )
+
+
+def test_05_first_drawing_is_simulated_with_the_tables_costs():
+    nb = _load("05_running_pipelines")
+    zbh1 = _table_05(nb)["zb-h1"]
+    _, cell = _cell(nb, 'viz.plot_schedule(trace, simulation=sims["zb-h1"]')
+    plain = "".join("".join(o["data"]["text/plain"]) for o in cell["outputs"] if "data" in o)
+    found = re.search(r"run: makespan [\d.]+, bubble ([\d.]+%) \| sim: makespan [\d.]+, "
+                      r"bubble ([\d.]+%)", plain)  # fmt: skip
+    assert found and found.groups() == (zbh1[6], zbh1[7]), (plain, zbh1)
+
+
+def test_05_measured_numbers_say_how_busy_the_machine_was():
+    nb = _load("05_running_pipelines")
+    note = re.compile(r"machine (busy|quiet): load [\d.]+ on \d+ cores, 4 ranks")
+    for marker, sleeping in [
+        ("speed-up over 1f1b, measured (run) and simulated", True),
+        ("measured_costs(merged.events", False),
+    ]:
+        _, cell = _cell(nb, marker)
+        text = _text(cell)
+        found = note.search(text)
+        assert found, f"no machine reading beside the numbers of the cell with {marker!r}"
+        if found.group(1) == "busy":
+            assert ("the stages sleep" in text) == sleeping
+            assert "measured bubble" in text
