@@ -26,13 +26,14 @@ def free_port() -> int:
 
 @pytest.mark.multiprocess
 def test_a_deadlocked_torchrun_job_reports_every_rank_and_exits(tmp_path: Path) -> None:
-    # tests/debug_job.py: rank 1 skips the send of microbatch 0's gradient; rank 0 then
+    # zbkit.debug_demo (shipped, so notebook 08 runs it from any install; run from a folder
+    # with no zbkit in it): rank 1 skips the send of microbatch 0's gradient; rank 0 then
     # waits at 0B0 and rank 1 at 1F1 (for activations rank 0 sends after 0B0)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), "--log-dir", str(tmp_path), "--redirects", "3",
-           str(HERE / "debug_job.py")]  # fmt: skip
+           "-m", "zbkit.debug_demo"]  # fmt: skip
     began = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
     took = time.monotonic() - began
     assert done.returncode != 0, done.stdout + done.stderr
     assert re.search(r"exitcode\s*:\s*3", done.stderr), done.stderr  # torchrun's summary
@@ -52,6 +53,16 @@ def test_a_deadlocked_torchrun_job_reports_every_rank_and_exits(tmp_path: Path) 
         assert marked, text
         assert all(line.startswith(f"rank {rank} ") for line in marked), marked
         assert all(f"[{waits[rank]}]" in line for line in marked), marked
+
+
+def test_the_tests_job_script_runs_the_shipped_job() -> None:
+    # `torchrun tests/debug_job.py` (what the README shows) runs zbkit.debug_demo's main
+    import runpy
+
+    import zbkit.debug_demo
+
+    script = runpy.run_path(str(HERE / "debug_job.py"), run_name="not_main")
+    assert script["main"] is zbkit.debug_demo.main
 
 
 @pytest.mark.multiprocess
