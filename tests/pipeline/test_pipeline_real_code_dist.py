@@ -8,7 +8,6 @@ import cloudpickle
 import pytest
 import real_code_models
 import real_code_ranks
-from real_code_ranks import WAIT
 
 from zbkit.launch import launch
 
@@ -32,8 +31,8 @@ def test_real_code_across_two_ranks() -> None:
     for rank in (0, 1):
         row = rows["different schedules", rank]
         text = row["outcome"]
-        assert text.startswith("ValueError"), row  # not a CommTimeout after WAIT seconds
+        # a ValueError from the first step's handshake, not a CommTimeout after WAIT seconds
+        assert text.startswith("ValueError"), row
         assert "built with different schedules" in text, text
         assert "rank 0 run 'zb-h1' pp=2 microbatches=4" in text, text
         assert "rank 1 run 'zb-h1' pp=2 microbatches=2" in text, text
-        assert row["seconds"] < WAIT, row
