@@ -97,4 +97,5 @@ class PendingWeight(Sequence[ParamGroup]):
     def __repr__(self) -> str:
         if self._groups is None:
             return "PendingWeight(W done)"
-        return f"PendingWeight({len(self._groups)} param groups, waiting for W)"
+        n = len(self._groups)
+        return f"PendingWeight({n} param group{'' if n == 1 else 's'}, waiting for W)"

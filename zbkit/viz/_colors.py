@@ -51,7 +51,6 @@ EDGE_COLOR = "#f3f3f3"  # before a rank's first action / after its last: not a b
 COMM_COLOR = "#555555"  # a rank waiting on a receive of its communication plan
 LIMIT_COLOR = "#d62728"  # memory limit line
 SPLIT_COLOR = "#d62728"  # split points (intermediates) on the graph
-CLOSURE_FILL = "#e4e4e4"  # nodes the input-gradient pass runs through
 PARAM_FILL = "#fff4c2"
 INPUT_FILL = "#cfe8ff"
 OUTPUT_FILL = "#ffd9d9"
