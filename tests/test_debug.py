@@ -55,16 +55,6 @@ def test_a_deadlocked_torchrun_job_reports_every_rank_and_exits(tmp_path: Path) 
         assert all(f"[{waits[rank]}]" in line for line in marked), marked
 
 
-def test_the_tests_job_script_runs_the_shipped_job() -> None:
-    # `torchrun tests/debug_job.py` (what the README shows) runs zbkit.debug_demo's main
-    import runpy
-
-    import zbkit.debug_demo
-
-    script = runpy.run_path(str(HERE / "debug_job.py"), run_name="not_main")
-    assert script["main"] is zbkit.debug_demo.main
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("skipped", "mark", "line"),
