@@ -105,9 +105,9 @@ def test_05_run_viewer_shows_the_tables_simulation():
     assert found, numbers[0]
     run_span, run_bubble, sim_span, sim_bubble, _ = found.groups()
     assert (run_bubble, sim_bubble) == (zbv[6], zbv[7])  # the table's zb-v bubbles
-    assert round(float(sim_span) * 1e3) == int(zbv[2]) and round(float(run_span) * 1e3) == int(
-        zbv[1]
-    )
+    # the viewer shows 4 significant digits in s, the table whole ms: equal to within one ms
+    assert abs(float(sim_span) * 1e3 - int(zbv[2])) <= 1, (sim_span, zbv)
+    assert abs(float(run_span) * 1e3 - int(zbv[1])) <= 1, (run_span, zbv)
 
 
 def test_05_first_drawing_is_simulated_with_the_tables_costs():
@@ -122,7 +122,9 @@ def test_05_first_drawing_is_simulated_with_the_tables_costs():
 
 def test_05_measured_numbers_say_how_busy_the_machine_was():
     nb = _load("05_running_pipelines")
-    note = re.compile(r"machine (busy|quiet): load [\d.]+ on \d+ cores, 4 ranks")
+    note = re.compile(
+        r"(machine busy|machine quiet|ranks share cores): load [\d.]+ on \d+ cores, 4 ranks"
+    )
     for marker, sleeping in [
         ("speed-up over 1f1b, measured (run) and simulated", True),
         ("measured_costs(merged.events", False),
@@ -131,6 +133,6 @@ def test_05_measured_numbers_say_how_busy_the_machine_was():
         text = _text(cell)
         found = note.search(text)
         assert found, f"no machine reading beside the numbers of the cell with {marker!r}"
-        if found.group(1) == "busy":
+        if found.group(1) != "machine quiet":
             assert ("the stages sleep" in text) == sleeping
             assert "measured bubble" in text

@@ -30,7 +30,8 @@ def test_crowded_and_busy_follow_the_readings(load, cores, ranks, crowded, busy)
     assert (m.crowded, m.busy, m.shared) == (crowded, busy, crowded or busy)
     note = m.note()
     assert f"load {load:.1f} on {cores} cores, {ranks} ranks" in note
-    assert note.startswith("machine busy:" if crowded or busy else "machine quiet:")
+    head = "machine busy:" if busy else "ranks share cores:" if crowded else "machine quiet:"
+    assert note.startswith(head), note
     assert ("more ranks than cores" in note) == crowded
     assert ("the load fills every core" in note) == busy
     assert ("the measured bubble includes waiting for a core" in note) == (crowded or busy)

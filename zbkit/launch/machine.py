@@ -87,7 +87,8 @@ class MachineLoad:
                 "the measured bubble includes waiting for a core, which the simulation does "
                 "not model"
             )
-        return f"machine busy: {where} ({why}): {effect}"
+        head = "machine busy" if self.busy else "ranks share cores"
+        return f"{head}: {where} ({why}): {effect}"
 
 
 def machine_load(ranks: int, *, load: float | None = None, cores: int | None = None) -> MachineLoad:
