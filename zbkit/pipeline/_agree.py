@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from zbkit.pipeline._comms import CommTimeout
+from zbkit.pipeline._shapes import from_bytes_tensor, to_bytes_tensor
 from zbkit.schedules import Schedule
 
-_BYTES = 512  # one fingerprint, UTF-8, zero-padded
+_BYTES = 512  # one fingerprint: its length, then UTF-8
 
 
 def fingerprint(schedule: Schedule) -> str:
@@ -45,10 +46,7 @@ def agree_on_schedule(
 
     ``what`` names the group in messages ("pipeline", "data-parallel").
     """
-    mine = fingerprint(schedule).encode()[:_BYTES]
-    buf = torch.zeros(_BYTES, dtype=torch.uint8)
-    buf[: len(mine)] = torch.tensor(list(mine), dtype=torch.uint8)
-    buf = buf.to(device)
+    buf = to_bytes_tensor(fingerprint(schedule).encode()[: _BYTES - 4], _BYTES, device)
     gathered = [torch.empty_like(buf) for _ in range(dist.get_world_size(group))]
     rank = dist.get_rank(group)
     try:
@@ -63,7 +61,7 @@ def agree_on_schedule(
         ) from exc
     seen: dict[str, list[int]] = {}
     for r, t in enumerate(gathered):
-        text = bytes(t.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+        text = from_bytes_tensor(t).decode(errors="replace")
         seen.setdefault(text, []).append(r)
     if len(seen) > 1:
         sides = "; ".join(f"{_ranks(rs)} {text}" for text, rs in seen.items())

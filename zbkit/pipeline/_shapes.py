@@ -61,15 +61,26 @@ def pack(meta: Meta, device: torch.device) -> torch.Tensor:
             f"the names and shapes of one message take {len(blob)} bytes, over the "
             f"{META_BYTES - 4} a shape message holds; send fewer tensors per stage"
         )
-    buf = bytearray(META_BYTES)
+    return to_bytes_tensor(blob, META_BYTES, device)
+
+
+def to_bytes_tensor(blob: bytes, size: int, device: torch.device) -> torch.Tensor:
+    """`blob` as a fixed-size byte tensor (4 bytes of length, the bytes, zeros), so a
+    receiver can post its buffer before it knows the length. `len(blob) + 4 <= size`."""
+    buf = bytearray(size)
     buf[:4] = len(blob).to_bytes(4, "little")
     buf[4 : 4 + len(blob)] = blob
     return torch.frombuffer(buf, dtype=torch.uint8).to(device)  # NCCL sends device memory
 
 
-def unpack(buf: torch.Tensor) -> Meta:
+def from_bytes_tensor(buf: torch.Tensor) -> bytes:
+    """The bytes `to_bytes_tensor` put in `buf`."""
     raw = bytes(buf.cpu().tolist())  # not .numpy(): the core install has no NumPy
-    doc = json.loads(raw[4 : 4 + int.from_bytes(raw[:4], "little")])
+    return raw[4 : 4 + int.from_bytes(raw[:4], "little")]
+
+
+def unpack(buf: torch.Tensor) -> Meta:
+    doc = json.loads(from_bytes_tensor(buf))
     dtypes = []
     for name in doc["dtypes"]:
         dtype = getattr(torch, name, None)
