@@ -109,6 +109,8 @@ def test_throughput_compares_like_for_like_with_1f1b() -> None:
         assert tp.baseline_synced == pytest.approx(8 / f1.makespan)
         assert tp.speedup(True) == pytest.approx(tp.synced / tp.baseline_synced)
         assert tp.speedup(False) >= 1.0, name  # every zero-bubble refinement gains
+        # the CLI and the explorer hand over the one iteration they simulated already
+        assert throughput(sch, ONE, simulated=simulate(sch, ONE)) == tp
     assert throughput(built("1f1b"), ONE).speedup(True) == pytest.approx(1.0)
     assert "1.375x" in str(throughput(built("zb-h2"), ONE))
 
@@ -119,5 +121,8 @@ def test_bad_iterations_are_named() -> None:
             simulate(built("1f1b"), ONE, iterations=bad)
     with pytest.raises(ValueError, match="iterations >= 2"):
         throughput(built("1f1b"), ONE, iterations=1)
+    two = simulate(built("1f1b"), ONE, iterations=2)
+    with pytest.raises(ValueError, match="takes a simulation of one iteration"):
+        throughput(built("1f1b"), ONE, simulated=two)
     twice = repeated(built("zb-h1", 2, 2), 2)
     assert twice.microbatches == 4 and str(twice.program[0][-1]) == "0W3"

@@ -101,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"(grid not printed above {_GRID_RANKS} ranks; --save PATH writes it as CSV)")
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g}, one iteration)")
-    print(throughput(schedule, costs))
+    print(throughput(schedule, costs, simulated=sim))
     # the formulas leave communication out, so they are shown only when comm = 0
     form = bubble(
         schedule.name, schedule.pp, schedule.microbatches, schedule.stages_per_rank, costs

@@ -165,7 +165,8 @@ def simulate(
         times = _shifted(times, iterations)
     sim = _summarize(ran, costs, per_stage_costs, times)
     sim.iterations, sim.optimizer_sync = iterations, optimizer_sync
-    sim.period = _period(schedule, times, iterations)
+    # one iteration's period is its makespan; otherwise the last two iterations' ends apart
+    sim.period = sim.makespan if iterations == 1 else _period(schedule, times, iterations)
     return sim
 
 
@@ -201,16 +202,13 @@ def _shifted(
 
 
 def _period(schedule: Schedule, times: dict[int, list[tuple[float, float]]], k: int) -> float:
-    """The steady state's time per iteration: between the ends of the last two iterations
-    (an iteration ends when its last rank does); one iteration: its makespan."""
+    """The steady state's time per iteration, k >= 2: between the ends of the last two
+    iterations (an iteration ends when its last rank does)."""
 
     def end(i: int) -> float:  # when iteration i's last action ends, over the ranks
         return max(row[(i + 1) * len(schedule.program[r]) - 1][1]
                    for r, row in times.items() if row)  # fmt: skip
 
-    if k == 1:
-        starts = [row[0][0] for row in times.values() if row]
-        return end(0) - min(starts, default=0.0)
     return end(k - 1) - end(k - 2)
 
 

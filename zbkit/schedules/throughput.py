@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from zbkit.schedules.costs import Costs, per_stage
 from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import simulate
+from zbkit.schedules.simulate import Simulation, simulate
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,11 @@ def rank_costs(schedule: Schedule, costs: Costs | Sequence[Costs] | None) -> lis
 
 
 def throughput(
-    schedule: Schedule, costs: Costs | Sequence[Costs] | None = None, iterations: int = 2
+    schedule: Schedule,
+    costs: Costs | Sequence[Costs] | None = None,
+    iterations: int = 2,
+    *,
+    simulated: Simulation | None = None,
 ) -> Throughput:
     """`schedule`'s steady-state throughput with and without the optimizer step's sync,
     next to 1F1B's on the same ranks and work (see the module docstring).
@@ -79,6 +83,8 @@ def throughput(
     Synchronised iterations repeat one makespan apart, so one iteration tells their rate;
     without the sync the period between the last two of `iterations` is the steady state's
     (it settles by the second iteration for every built-in schedule; the tests check it).
+    `simulated`: one iteration of `schedule` under `costs` already simulated (the CLI and
+    the explorer have it), used for the synchronised rate instead of simulating it again.
     """
     from zbkit.schedules.builders import build_schedule  # builders import the simulator
 
@@ -91,8 +97,10 @@ def throughput(
         k = 1 if sync else iterations
         return simulate(s, c, iterations=k, optimizer_sync=sync).throughput
 
+    if simulated is not None and simulated.iterations != 1:
+        raise ValueError("throughput(simulated=...) takes a simulation of one iteration")
     return Throughput(
-        synced=rate(schedule, costs, True),
+        synced=simulated.throughput if simulated is not None else rate(schedule, costs, True),
         unsynced=rate(schedule, costs, False),
         baseline_synced=rate(base, base_costs, True),
         baseline_unsynced=rate(base, base_costs, False),

@@ -176,7 +176,7 @@ class ScheduleExplorer(Offline, w.VBox):
     def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None, kept: Any) -> str:
         sim, costs = self.simulation, self.costs()
         rows = [["bubble rate", f"{sim.bubble_rate:.2%}"], ["makespan", f"{sim.makespan:.4g}"]]
-        tp = throughput(sim.schedule, costs)
+        tp = throughput(sim.schedule, costs, simulated=sim)
         rows.append(
             [
                 f"throughput ({tp.iterations} iterations, optimizer step synchronised / not)",
