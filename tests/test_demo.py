@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 
 import pytest
@@ -34,6 +35,9 @@ def _args(*argv: str) -> argparse.Namespace:
 @pytest.mark.multiprocess
 def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # a busy machine, whatever this one's load is now: the notes below say what that means
+    # (read in this process; a quiet reading is tested with fake readings in test_machine.py)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0 * demo.cores(), 0.0, 0.0))
     out_dir = tmp_path / "report"
     argv = ["--ranks", "2", "--schedules", "1f1b,zb-v", "--microbatches", "4", "--rounds", "1",
             "--timing", "synthetic", "--stage-ms", "20"]  # fmt: skip
@@ -41,7 +45,7 @@ def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch
     out = capsys.readouterr().out
     assert code == 0, out
     assert "Timing on synthetic stages" in out and "sleep (no CPU work)" in out
-    # the machine read beside each table: the load on this machine's cores, 2 ranks
+    # the machine read beside each table: the (busy) load on this machine's cores, 2 ranks
     notes = [line for line in out.splitlines() if line.startswith("machine ")]
     assert len(notes) == 2, out  # after the timed table (stages sleep), after the real one
     assert all(f"on {demo.cores()} cores, 2 ranks" in n for n in notes), notes
