@@ -19,10 +19,22 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=300)  # a busy machine: minutes
 
-    def run(self, code, timeout=300):
-        """Execute one cell; return (reply content, the iopub messages of that cell)."""
+    def run(self, code, timeout=300, expect=()):
+        """Execute one cell; return (reply content, the iopub messages of that cell).
+
+        `expect`: stdout the cell prints. On a busy machine ipykernel may publish a cell's
+        stdout after the cell's idle status (its stream flush waits on the IOPub thread, in
+        vain past 10 s), so the cell's late messages are read until that text is there (a
+        wait that must succeed: minutes).
+        """
         msgs = []
         reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
+        cell = reply["parent_header"]["msg_id"]
+        deadline = time.monotonic() + timeout
+        while not all(e in text(msgs) for e in expect) and time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == cell:
+                msgs.append(msg)
         return reply["content"], msgs
 
     def interrupt_once_sleeping(self, code):
@@ -71,17 +83,20 @@ def test_magics_and_launch_in_a_kernel():
         pid, exe = eval(results(msgs)[0]["text/plain"])
         assert reply["status"] == "ok" and ".venv" in exe
 
-        reply, msgs = k.run("%load_ext zbkit\n%zb_start -n 2")
+        reply, msgs = k.run("%load_ext zbkit\n%zb_start -n 2", expect=["started 2 ranks (gloo)"])
         assert reply["status"] == "ok", reply
         assert "started 2 ranks (gloo)" in text(msgs)
         assert len(workers(pid)) == 2
 
         # Output and values per rank, in this cell; state kept for the next one.
-        reply, msgs = k.run("%%zb\nx = rank * 10\nprint('hello', rank)\nx")
+        reply, msgs = k.run(
+            "%%zb\nx = rank * 10\nprint('hello', rank)\nx",
+            expect=["[rank 0] hello 0\n", "[rank 1] hello 1\n", "[rank 0] 0\n", "[rank 1] 10\n"],
+        )
         out = text(msgs)
         assert "[rank 0] hello 0\n" in out and "[rank 1] hello 1\n" in out
         assert "[rank 0] 0\n" in out and "[rank 1] 10\n" in out
-        reply, msgs = k.run("%%zb --rank 1\nx + 1")
+        reply, msgs = k.run("%%zb --rank 1\nx + 1", expect=["[rank 1] 11\n"])
         assert text(msgs) == "[rank 1] 11\n"
 
         # A figure on each rank renders as a PNG in the notebook.
@@ -94,12 +109,12 @@ def test_magics_and_launch_in_a_kernel():
         reply, msgs = k.run("%%zb\nassert rank == 0, 'only rank 0 may pass'")
         assert reply["status"] == "error" and reply["ename"] == "LaunchError"
         assert "AssertionError: only rank 0 may pass" in "\n".join(reply["traceback"])
-        reply, msgs = k.run("%%zb\nx")
+        reply, msgs = k.run("%%zb\nx", expect=["[rank 1] 10\n"])
         assert "[rank 1] 10\n" in text(msgs)
 
-        reply, msgs = k.run("%zb_status")
+        reply, msgs = k.run("%zb_status", expect=["2 ranks, backend='gloo', running"])
         assert "2 ranks, backend='gloo', running" in text(msgs)
-        reply, msgs = k.run("%zb_stop")
+        reply, msgs = k.run("%zb_stop", expect=["stopped\n"])
         assert text(msgs) == "stopped\n" and workers(pid) == []
 
         # launch() with a function defined in the notebook: its result comes back.
@@ -135,7 +150,7 @@ def test_magics_and_launch_in_a_kernel():
         stopped = "KeyboardInterrupt: every rank was stopped; %zb_start to start again"
         assert reply["traceback"] == [stopped]
         assert workers(pid) == []
-        reply, msgs = k.run("%zb_status")
+        reply, msgs = k.run("%zb_status", expect=["stopped (interrupted)"])
         assert "stopped (interrupted)" in text(msgs)
 
         # A kernel that dies (kill -9) takes its cluster's ranks with it.
