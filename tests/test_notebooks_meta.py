@@ -80,10 +80,23 @@ def test_notebook_draws_and_ends_with_exercises(name: str) -> None:
         if {"image/png", "image/svg+xml"} & set(o.get("data", {}))
     ]
     assert drawings, f"{name}: no drawing among the stored outputs"
-    last = nb["cells"][-1]
-    text = _source(last)
-    assert last["cell_type"] == "markdown" and "## Exercises" in text, f"{name}: no exercises"
-    items = re.findall(r"^\d+\. ", text.split("## Exercises", 1)[1], flags=re.M)
+    # the exercises: a numbered list under "## Exercises" in the last cell, or (issue 22)
+    # "## Exercises" followed only by exercise cells: "**Exercise N.**", its check cell, its
+    # solution cell
+    heads = [
+        i
+        for i, c in enumerate(nb["cells"])
+        if c["cell_type"] == "markdown" and "## Exercises" in _source(c)
+    ]
+    assert heads, f"{name}: no exercises"
+    text = _source(nb["cells"][heads[-1]]).split("## Exercises", 1)[1]
+    items = re.findall(r"^\d+\. ", text, flags=re.M)
+    for c in nb["cells"][heads[-1] + 1 :]:
+        if c["cell_type"] == "markdown":
+            assert re.match(r"\*\*Exercise \d+\.\*\* ", _source(c)), f"{name}: not at the end"
+            items.append(_source(c))
+        else:
+            assert "check(" in _source(c), f"{name}: a code cell after the exercises checks none"
     assert len(items) >= 3, f"{name}: {len(items)} exercises, want at least 3"
 
 

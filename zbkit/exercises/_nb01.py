@@ -61,7 +61,7 @@ def _mlp_graphs(
         return plain, analyze(mlp(data), data, mlp)
 
 
-@exercise("01.1", "the set of labels of the nodes that join the input closure, e.g. {'Op#1'}")
+@exercise("01.1", "the set of labels (as analyze prints them) of the nodes that join the closure")
 def skip_joins_the_closure(answer: Any) -> tuple[bool, str]:
     plain, skip = _mlp_graphs("skip")
     joined = _closure(skip) - _closure(plain)
