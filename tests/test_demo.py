@@ -145,6 +145,14 @@ def test_one_cost_set_gives_every_schedule_the_same_work():
         total = sum(getattr(c, part) for c in blocks)
         assert sum(getattr(c, part) for c in four) == pytest.approx(total)
         assert sum(getattr(c, part) for c in eight) == pytest.approx(2 * total)
+    # memory in rank-microbatches: a stage holds its share of its rank's blocks
+    assert [c.mem_activation for c in _report.stage_costs(blocks, stage_spans(8, 4), ranks=4)] == [
+        1.0
+    ] * 4
+    halves = _report.stage_costs(blocks, stage_spans(8, 8), ranks=4)
+    assert [c.mem_activation for c in halves] == [0.5] * 8
+    zbv = build_schedule("zb-v", pp=4, microbatches=8)
+    assert simulate(zbv, halves).peak_memory == simulate(zbv, Costs()).peak_memory == [4.0] * 4
 
 
 def _fake_runs(schedules, costs, steps):
@@ -191,12 +199,19 @@ def test_speedups_of_runs_that_match_the_simulation_are_the_simulated_ones():
     assert rows["zb-h1"][5] == "0.50"
 
 
-def test_memory_is_labelled_in_chunks_and_bytes():
-    sch = build_schedule("zb-v", pp=2, microbatches=4)
-    run = _report.Run("zb-v", sch, 1.0, Trace(), simulate(sch))
-    assert run.unit == "microbatch-chunks (1/2 stage each)"
-    one = build_schedule("1f1b", pp=2, microbatches=4)
-    assert _report.Run("1f1b", one, 1.0, Trace(), simulate(one)).unit == "microbatches"
+def test_memory_is_labelled_in_rank_microbatches_and_bytes():
+    # one unit for every schedule: zb-v's chunks hold half a rank's blocks each, so its peak
+    # reads p, like 1f1b's rank 0; the run's count is weighed as its simulation's
+    blocks = [Costs(F=1.0, I=1.0, W=1.0)] * 4
+    peaks = {}
+    for name in ("zb-v", "1f1b"):
+        sch = build_schedule(name, pp=2, microbatches=4)
+        costs = _report.stage_costs(blocks, stage_spans(4, sch.num_stages), ranks=2)
+        sim = simulate(sch, costs)
+        run = _report.Run(name, sch, 1.0, Trace(events=list(sim.events)), sim)
+        assert run.unit == "rank-microbatches" and run.peaks == sim.peak_memory
+        peaks[name] = run.peaks
+    assert peaks["zb-v"] == [2.0, 2.0] and peaks["1f1b"] == [2.0, 1.0]
     assert _report.format_bytes([3 * 2**20, 2**19]) == "3.00 0.50 MiB"
     assert _report.format_bytes([2048, 512]) == "2.0 0.5 KiB"
 

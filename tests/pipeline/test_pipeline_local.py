@@ -207,11 +207,14 @@ def test_activation_bytes_are_what_autograd_saves(name: str) -> None:
     per_microbatch = 2 * (rows // m) * d * 4  # input + tanh output, float32, per microbatch
     pipe = LocalPipeline(mods, sch, lambda out, y: out["h"].pow(2).mean())
     pipe.step({"x": torch.randn(rows, d)}, torch.zeros(rows))
-    counts = pipe.trace.peak_memory  # microbatches (chunks for zb-v) held at once
-    assert pipe.trace.peak_bytes == [c * per_microbatch for c in counts]
+    # in rank shares: one is a microbatch through all v of the rank's stages (here each
+    # stage saves per_microbatch bytes, so a share is v times that)
+    v = sch.num_stages // sch.pp
+    counts = pipe.trace.peak_memory
+    assert pipe.trace.peak_bytes == [c * v * per_microbatch for c in counts]
     # a second step reuses the count made on the first forward with these shapes
     pipe.step({"x": torch.randn(rows, d)}, torch.zeros(rows))
-    assert pipe.trace.peak_bytes == [c * per_microbatch for c in counts]
+    assert pipe.trace.peak_bytes == [c * v * per_microbatch for c in counts]
     # the stage drops them with the microbatch
     stage = pipe.stages[0]
     assert stage.held_activation_bytes == 0

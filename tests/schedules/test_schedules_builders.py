@@ -100,8 +100,8 @@ def test_builders_refuse_bad_options():
         got = build_schedule("zb-v", pp=2, microbatches=4, **extra)
         want = build_schedule("zb-auto", pp=2, microbatches=4, placement="v", **extra)
         assert got.program == want.program and got.name == "zb-v"
-    with pytest.raises(ValueError, match="memory_limit=1 is too small.*at least 2"):
-        build_schedule("zb-auto", pp=2, microbatches=4, placement="v", memory_limit=1)
+    with pytest.raises(ValueError, match="memory_limit=0.5 is too small.*at least 1"):
+        build_schedule("zb-auto", pp=2, microbatches=4, placement="v", memory_limit=0.5)
     with pytest.raises(ValueError, match="placement must be one of"):
         build_schedule("zb-auto", pp=2, microbatches=4, placement="w")
     with pytest.raises(ValueError, match="bad option 'stages_per_rank'.*no options"):
@@ -135,13 +135,13 @@ def test_cli_zb_auto_and_zb_v_name_the_candidate_they_kept(capsys):
     assert cli_main(parser.parse_args(["zb-auto", "--pp", "4", "-m", "8", "--placement", "v"])) == 0
     out = capsys.readouterr().out
     assert "zb-auto kept: paper's ZB-V (" in out and "bubble rate: 0.0000" in out
-    unit = "chunk-microbatches, a chunk = 1/2 of a rank's layers x mem_activation"
-    assert f"peak memory per rank ({unit}): 8, 8, 8, 8" in out
+    unit = "rank-microbatches x mem_activation"  # ZB-V holds what 1F1B's rank 0 holds
+    assert f"peak memory per rank ({unit}): 4, 4, 4, 4" in out
     # zb-v with a limit or costs is the V search, under its own name
-    assert cli_main(parser.parse_args(["zb-v", "--memory-limit", "6", "--costs", "2,3,1"])) == 0
+    assert cli_main(parser.parse_args(["zb-v", "--memory-limit", "3", "--costs", "2,3,1"])) == 0
     out = capsys.readouterr().out
     assert "zb-v kept: " in out and "Schedule('zb-v'" in out
-    assert f"peak memory per rank ({unit}): 6, 6, 6, 6" in out
+    assert f"peak memory per rank ({unit}): 3, 3, 3, 3" in out
     assert cli_main(parser.parse_args(["zb-v"])) == 0  # the paper's: no search, no "kept"
     assert "kept" not in capsys.readouterr().out
     assert cli_main(parser.parse_args(["zb-v", "--costs", "2,3,1", "--placement", "linear"])) == 1

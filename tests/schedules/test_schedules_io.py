@@ -101,7 +101,7 @@ def test_cli_prints_grid_bubble_closed_form_and_memory(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "rank 3" in out and "bubble rate: 0.1111" in out and "closed form: 0.1111" in out
-    assert "peak memory per rank (microbatches x mem_activation): 4, 3, 2, 1" in out
+    assert "peak memory per rank (rank-microbatches x mem_activation): 4, 3, 2, 1" in out
     assert Schedule.load(path).program == build_schedule("zb-h1", pp=4, microbatches=8).program
     code = cli_main(parser.parse_args(["--load", str(path), "--costs", "2,2,1,0.5"]))
     assert code == 0 and "bubble rate" in capsys.readouterr().out

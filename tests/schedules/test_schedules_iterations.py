@@ -101,11 +101,16 @@ def test_throughput_compares_like_for_like_with_1f1b() -> None:
     for name in ("zb-h1", "zb-h2", "zb-v", "interleaved-1f1b", "v-half"):
         sch = built(name)
         tp = throughput(sch, ONE)
-        # 1F1B's stage on rank r does what all of the schedule's stages on rank r do
+        # 1F1B's stage on rank r does what all of the schedule's stages on rank r do: one
+        # Costs is a rank's share, so that is ONE again, whatever the chunks per rank
         base = rank_costs(sch, ONE)
+        assert all(c.F == c.I == c.W == 1 and c.mem_activation == 1 for c in base)
+        f1 = simulate(built("1f1b"), ONE)
+        # a list of per-stage costs is summed per rank
+        halves = [Costs(F=0.5, I=1, W=0.25)] * sch.num_stages
         v = sch.stages_per_rank
-        assert all(c.F == v and c.I == v and c.W == v for c in base)
-        f1 = simulate(built("1f1b"), base)
+        summed = Costs(F=0.5 * v, I=v, W=0.25 * v, mem_activation=v)
+        assert rank_costs(sch, halves) == [summed] * sch.pp
         assert tp.baseline_synced == pytest.approx(8 / f1.makespan)
         assert tp.speedup(True) == pytest.approx(tp.synced / tp.baseline_synced)
         assert tp.speedup(False) >= 1.0, name  # every zero-bubble refinement gains

@@ -10,6 +10,13 @@ from zbkit.schedules import SCHEDULES, Costs, ScheduleError, build_schedule, sim
 COSTS = [Costs(F=1.0, I=1.2, W=0.7, comm=0.1), Costs(F=2.0, I=1.0, W=1.5, comm=0.0)]
 
 
+def chunks(costs, s):
+    """The rule, written out: one Costs is a rank's share; each of its v stages takes 1/v
+    of the times (a hop's comm stays)."""
+    v = s.stages_per_rank
+    return [Costs(F=costs.F / v, I=costs.I / v, W=costs.W / v, comm=costs.comm)] * s.num_stages
+
+
 def check_events(sim, per_stage):
     s = sim.schedule
     last = s.num_stages - 1
@@ -71,11 +78,11 @@ def test_simulated_events_follow_the_rules(name):
         kwargs = {"costs": costs} if name == "zb-auto" else {}
         s = build_schedule(name, pp=p, microbatches=m, **kwargs)
         sim = simulate(s, costs)
-        check_events(sim, [costs] * s.num_stages)
+        check_events(sim, chunks(costs, s))
         assert sim.makespan == pytest.approx(
             max(e.end for e in sim.events) - min(e.start for e in sim.events)
         )
-        work = m * s.stages_per_rank * (costs.F + costs.I + costs.W)
+        work = m * (costs.F + costs.I + costs.W)  # the same model whatever the schedule
         assert sim.bubble_rate == pytest.approx((max(sim.span) - work) / max(sim.span))
         assert sim.busy == pytest.approx([work] * p)
 
@@ -96,5 +103,5 @@ def test_random_swaps_either_validate_or_raise_schedule_error():
             outcomes["error"] += 1
             continue
         outcomes["ok"] += 1
-        check_events(simulate(s, COSTS[0]), [COSTS[0]] * s.num_stages)
+        check_events(simulate(s, COSTS[0]), chunks(COSTS[0], s))
     assert outcomes["ok"] > 20 and outcomes["error"] > 20

@@ -1,8 +1,9 @@
 """V-Half and V-Min against "Pipeline Parallelism with Controllable Memory" (Qi et al. 2024):
 the peak memory and the bubble the paper states, checked with the simulator.
 
-Units: a stage here is half a rank's layers (the V placement), so memory counts chunk
-activations and 1F1B's rank 0, holding p microbatches of a whole rank's layers, holds 2p.
+Units: a `Costs` is one rank's share of the model (zbkit's rule); a stage here is half of it
+(the V placement), so `Costs(2, 2, 2)` makes every chunk's pass one time slot. Memory counts
+whole-rank microbatches, as the paper's table does: 1F1B's rank 0 holds p.
 The paper counts a microbatch's activations as held until its W (W needs them); that is
 `Costs(mem_weight=1)` here. zbkit's default (I frees them) can only be lower.
 """
@@ -14,13 +15,13 @@ import pytest
 from zbkit.schedules import Costs, build_schedule, simulate, validate
 
 PP = (1, 2, 3, 4, 5, 6, 8, 12)
-UNIT = Costs(F=1, I=1, W=1)  # the paper's setting for its closed forms: T_F = T_B = T_W
-PAPER = Costs(F=1, I=1, W=1, mem_weight=1)  # activations held from F until W
+UNIT = Costs(F=2, I=2, W=2)  # the paper's setting for its closed forms: T_F = T_B = T_W
+PAPER = Costs(F=2, I=2, W=2, mem_weight=1)  # activations held from F until W
 
 
 # the paper's table ("activation memory, in microbatches of a whole rank"): 1F1B p,
-# V-Half (p+2)//2, V-Min (p+4)//3; a whole-rank microbatch is 2 chunks here
-PEAK = {"v-half": lambda p: 2 * ((p + 2) // 2), "v-min": lambda p: 2 * ((p + 4) // 3)}
+# V-Half (p+2)//2, V-Min (p+4)//3
+PEAK = {"v-half": lambda p: (p + 2) // 2, "v-min": lambda p: (p + 4) // 3}
 # and its bubble (F = I = W, per whole rank): V-Half about p/2 (F+B+W), V-Min about 2p/3;
 # F + I + W of a whole rank is 6 slots here: 3p and 4p slots
 PAPER_BUBBLE = {"v-half": lambda p: 3 * p, "v-min": lambda p: 4 * p}
@@ -52,10 +53,10 @@ def test_peak_memory_is_the_papers(name):
 
 def test_memory_is_about_a_half_and_a_third_of_1f1b():
     for p in (6, 12, 24):
-        one_f_one_b = 2 * p  # chunk units, see the module docstring
+        one_f_one_b = p  # whole-rank microbatches, see the module docstring
         half = max(simulate(build_schedule("v-half", pp=p, microbatches=2 * p), PAPER).peak_memory)
         third = max(simulate(build_schedule("v-min", pp=p, microbatches=2 * p), PAPER).peak_memory)
-        assert half <= one_f_one_b / 2 + 2 and third <= one_f_one_b / 3 + 3, (p, half, third)
+        assert half <= one_f_one_b / 2 + 1 and third <= one_f_one_b / 3 + 1.5, (p, half, third)
 
 
 @pytest.mark.parametrize("name", ["v-half", "v-min"])
@@ -69,8 +70,8 @@ def test_bubble_against_the_block_and_the_paper(name):
         # reordering leaves about p/2 - 5 slots more (the module docstring says why)
         if name == "v-min" or p <= 10:
             assert bubble <= PAPER_BUBBLE[name](p), (name, p, m, bubble)
-        # less bubble than 1F1B with the same work per rank (stages twice as thick)
-        one = simulate(build_schedule("1f1b", pp=p, microbatches=m), Costs(F=2, I=2, W=2))
+        # less bubble than 1F1B on the same model (its stages twice as thick as a chunk)
+        one = simulate(build_schedule("1f1b", pp=p, microbatches=m), UNIT)  # the same model
         assert sim.bubble_rate < one.bubble_rate, (name, p, m)
 
 
@@ -92,4 +93,4 @@ def test_other_costs_and_comm_still_validate_and_simulate(name):
         s = build_schedule(name, pp=p, microbatches=m)
         for costs in (Costs(F=1.0, I=1.3, W=0.6, comm=0.1), Costs(F=2.0, I=1.0, W=1.5)):
             sim = simulate(s, costs)
-            assert sim.busy == pytest.approx([2 * m * (costs.F + costs.I + costs.W)] * p)
+            assert sim.busy == pytest.approx([m * (costs.F + costs.I + costs.W)] * p)

@@ -84,7 +84,7 @@ def _section(real: Run, timed: Run | None, out: Path) -> list[str]:
             f"{timed.sim.bubble_rate:.1%} simulated.</p>",
             _figure(timed, f"{real.name}, synthetic stages"),
         ]
-    costs = per_stage(real.sim.costs, real.schedule.num_stages)  # as simulated: one per stage
+    costs = per_stage(real.sim.costs, real.schedule.stage_to_rank)  # as simulated: one per stage
     ms = [[s, *(f"{getattr(c, k) * 1e3:.3f}" for k in PARTS)] for s, c in enumerate(costs)]
     chrome = f"trace-{real.name}.json"
     real.trace.to_chrome(out / chrome)  # every rank's actions, waits and memory, for Perfetto
@@ -92,7 +92,7 @@ def _section(real: Run, timed: Run | None, out: Path) -> list[str]:
         f"<p>The real transformer: step {real.step * 1e3:.1f} ms (median over rounds), simulated "
         f"{real.sim.makespan * 1e3:.1f} ms; bubble rate {real.bubble:.1%} measured, "
         f"{real.sim.bubble_rate:.1%} simulated. Peak activations held per rank "
-        f"({real.unit}) {format_counts(real.trace.peak_memory)}, simulated "
+        f"({real.unit}) {format_counts(real.peaks)}, simulated "
         f"{format_counts(real.sim.peak_memory)}; in bytes {format_bytes(real.trace.peak_bytes)}. "
         f"Largest gradient difference from one process: {real.grad_diff:.2e}.</p>",
         _figure(real, f"{real.name}, the real transformer"),
@@ -134,10 +134,10 @@ def write_report(
         _table(REAL_HEADER, real_rows(real)),
         "<p class=note>Bubble rate, run and sim alike: (longest rank span - busiest rank's "
         "busy time) / longest rank span, the simulator's formula (zbkit.schedules.bubble_rate). "
-        "Peak held: activations held between F and I (or B), per rank, counted in microbatches "
-        "of one stage, or of one chunk where a rank holds several stages (zb-v: two chunks, each "
-        "half a stage, so 8 chunks hold about what 4 whole-stage microbatches hold); bytes: "
-        "what autograd saved for them. Step: the slowest rank's, median over rounds.</p>",
+        "Peak held: activations held between F and I (or B), per rank, counted in "
+        "rank-microbatches (one microbatch through all of a rank's blocks; a zb-v chunk holds "
+        "half of one, so ZB-V's peak compares with 1F1B's as it is); bytes: what autograd "
+        "saved for them. Step: the slowest rank's, median over rounds.</p>",
         "<h2>A stage's backward, split</h2>",
         "<p>I (the input gradient, which the previous stage waits for) runs the ops in the "
         "input closure; each parameter group's W starts at its marked split point and can "

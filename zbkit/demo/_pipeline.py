@@ -79,7 +79,7 @@ def pipeline_demo(
                 )
                 scale = args.stage_ms / 1e3 / widest
                 for name in schedules:
-                    costs = _report.stage_costs(blocks, spans[name], scale)
+                    costs = _report.stage_costs(blocks, spans[name], scale, args.ranks)
                     timed_runs[name] = cluster.run(run_schedule, cfg, name, costs)
                     progress.step(f"timed {name} on synthetic stages")
             # the last minute's load, read while the ranks are still up: what they ran beside
@@ -88,11 +88,11 @@ def pipeline_demo(
         print(f"\nzbkit demo: a rank failed:\n{exc}", file=sys.stderr)
         return 1
     expected, plain = oracle(cfg)  # once the ranks are gone: timed on idle cores
-    real_costs = {n: _report.stage_costs(blocks, spans[n]) for n in schedules}
+    real_costs = {n: _report.stage_costs(blocks, spans[n], ranks=args.ranks) for n in schedules}
     real, real_hop = _report.compare(schedules, real_runs, real_costs, expected)
     timed, hop = real, real_hop
     if synthetic:
-        scaled = {n: _report.stage_costs(blocks, spans[n], scale) for n in schedules}
+        scaled = {n: _report.stage_costs(blocks, spans[n], scale, args.ranks) for n in schedules}
         timed, hop = _report.compare(schedules, timed_runs, scaled)
     pp_costs = _report.stage_costs(blocks, stage_spans(cfg.layers, args.ranks))
     stage_ms = statistics.median(map(_work, pp_costs)) * 1e3  # one of `ranks` stages, unscaled

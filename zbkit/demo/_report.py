@@ -21,6 +21,7 @@ import torch
 from zbkit.pipeline import Trace
 from zbkit.schedules import Costs, Schedule, Simulation, bubble_rate, simulate
 from zbkit.schedules.action import PARTS
+from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.schedules.measure import hop_latency, measured_costs
 
 
@@ -43,15 +44,23 @@ def grad_difference(per_rank: Sequence[dict], expected: Mapping[str, torch.Tenso
 
 # ---------------------------------------------------------------------- one cost set
 def stage_costs(
-    block_costs: Sequence[Costs], spans: Sequence[tuple[int, int]], scale: float = 1.0
+    block_costs: Sequence[Costs],
+    spans: Sequence[tuple[int, int]],
+    scale: float = 1.0,
+    ranks: int | None = None,
 ) -> list[Costs]:
     """Per stage: the sum of its blocks' F, I and W (``spans``: blocks ``(first, last)`` per
     stage), times ``scale``. Every schedule of a comparison gets its stages' costs from the
-    same measured blocks, so a 1f1b stage of two blocks costs what two zb-v chunks cost."""
+    same measured blocks, so a 1f1b stage of two blocks costs what two zb-v chunks cost.
+    Given ``ranks``, a stage's ``mem_activation`` is its share of a rank's blocks, so memory
+    counts rank-microbatches (a zb-v chunk of half a rank's blocks holds 1/2), as everywhere."""
+    per_rank = (spans[-1][1] - spans[0][0]) / ranks if ranks else None
     out = []
     for first, last in spans:
         mine = block_costs[first:last]
-        out.append(Costs(**{p: scale * sum(getattr(c, p) for c in mine) for p in PARTS}))
+        parts = {p: scale * sum(getattr(c, p) for c in mine) for p in PARTS}
+        share = (last - first) / per_rank if per_rank else 1.0
+        out.append(Costs(**parts, mem_activation=share))
     return out
 
 
@@ -71,12 +80,12 @@ class Run:
     def bubble(self) -> float:
         return bubble_rate(self.trace.events)
 
+    unit = MEMORY_UNIT  # what the memory counts count: a microbatch of a rank's blocks
+
     @property
-    def unit(self) -> str:
-        """What the memory counts count: a microbatch's activations of one stage, or of one
-        chunk when a rank holds several stages (zb-v: 2 chunks, each half a stage)."""
-        v = self.schedule.stages_per_rank
-        return "microbatches" if v == 1 else f"microbatch-chunks (1/{v} stage each)"
+    def peaks(self) -> list[float]:
+        """Per rank, the measured peak weighed as the simulation weighs it (its costs)."""
+        return self.trace.peak_for(self.sim.costs)
 
 
 def compare(
@@ -159,7 +168,7 @@ def real_rows(runs: Sequence[Run]) -> list[list[str]]:
             f"{r.sim.makespan * 1e3:.1f}",
             f"{r.bubble:.1%}",
             f"{r.sim.bubble_rate:.1%}",
-            f"{format_counts(r.trace.peak_memory)} | {format_counts(r.sim.peak_memory)}",
+            f"{format_counts(r.peaks)} | {format_counts(r.sim.peak_memory)}",
             r.unit,
             format_bytes(r.trace.peak_bytes),
             f"{r.grad_diff:.2e}",

@@ -24,6 +24,7 @@ from os import PathLike
 from typing import Any, NamedTuple
 
 from zbkit.schedules import Costs, Event, bubble_rate, memory_deltas, memory_steps
+from zbkit.schedules.costs import stage_costs
 from zbkit.schedules.events import CommEvent
 
 
@@ -139,8 +140,9 @@ class Trace:
             else:  # what the stages really held, weighted
                 held: dict[int, float] = {}  # stage -> weighted microbatches held
                 deltas, level = [], 0.0
+                stages = stage_costs(weights, ((s.stage, rank) for s in record))
                 for sample in record:
-                    c = weights if isinstance(weights, Costs) else weights[sample.stage]
+                    c = stages[sample.stage]  # one Costs: this rank's share, split
                     held[sample.stage] = (
                         sample.activations * c.mem_activation + sample.weight_state * c.mem_weight
                     )

@@ -102,11 +102,14 @@ def search(
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"{name}: placement must be one of {PLACEMENTS}, got {placement!r}")
-    stages = 2 * pp if placement == "v" else pp
-    per_stage = costs_per_stage(costs, stages, name)
+    where = Problem(pp, m, [], 0.0, placement).stage_to_rank
+    per_stage = costs_per_stage(costs, where, name)  # one Costs: a rank's share, split
     if memory_limit is None:
-        # 1F1B's rank 0 holds p microbatches of its whole model part: p stages, or 2p halves
-        memory_limit = stages * max(c.mem_activation for c in per_stage)
+        # 1F1B's rank 0 holds p microbatches of its whole model part (p rank shares)
+        held = [0.0] * pp
+        for s, r in enumerate(where):
+            held[r] += per_stage[s].mem_activation
+        memory_limit = pp * max(held)
     if not isinstance(memory_limit, int | float) or memory_limit <= 0:
         raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
     key = (pp, m, name, tuple(per_stage), float(memory_limit), placement)

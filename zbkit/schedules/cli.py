@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from zbkit.schedules.builders import PLACEMENTS, SCHEDULES, build_schedule, explain_auto
+from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.schedules.formulas import CONDITIONS, bubble
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Costs, simulate
@@ -30,10 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--costs",
         default=_DEFAULT_COSTS,
-        help="F,I,W[,comm[,M_B[,M_W]]] per stage (default 1,1,1)",
+        help="F,I,W[,comm[,M_B[,M_W]]]: one rank's share of the model per microbatch, split "
+        "evenly over a rank's chunks (default 1,1,1)",
     )
     parser.add_argument(
-        "--memory-limit", type=float, default=None, help="zb-auto, zb-v: in activations (M_B)"
+        "--memory-limit",
+        type=float,
+        default=None,
+        help=f"zb-auto, zb-v: peak per rank in {MEMORY_UNIT} (x M_B)",
     )
     parser.add_argument(
         "--placement",
@@ -112,10 +117,8 @@ def main(args: argparse.Namespace) -> int:
         print("closed form: not shown (it leaves comm out; the simulation above has it)")
     elif schedule.name in CONDITIONS:
         print(f"closed form: does not apply here (it needs {CONDITIONS[schedule.name]})")
-    v = schedule.stages_per_rank
-    unit = f"chunk-microbatches, a chunk = 1/{v} of a rank's layers" if v > 1 else "microbatches"
     peaks = _shorten([f"{m:.4g}" for m in sim.peak_memory])
-    print(f"peak memory per rank ({unit} x mem_activation): {peaks}")
+    print(f"peak memory per rank ({MEMORY_UNIT} x mem_activation): {peaks}")
     if args.save:
         try:
             schedule.save(args.save)

@@ -1,19 +1,39 @@
-"""`Costs`: what one stage's actions take, in time and in memory, per microbatch."""
+"""`Costs`: what one rank's share of the model takes, in time and in memory, per microbatch.
+
+One rule makes schedules comparable: a single `Costs` is one rank's share of the model (1/p of
+it) for one microbatch. A schedule that puts v stages (chunks) on a rank gives each of them 1/v
+of that share, so ZB-V (two chunks per rank) and ZB-H1 (one) do the same work on the same
+model. A list of `Costs` is per stage, taken as it is (what `measure` returns from a real run).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from zbkit.schedules.action import KINDS
 
-__all__ = ["Costs", "per_stage"]
+__all__ = ["MEMORY_UNIT", "Costs", "per_stage", "stage_costs"]
+
+# the unit of every simulated memory number (peaks, limits, axes), whatever the schedule:
+# one microbatch's activations on one rank's share of the model (x Costs.mem_activation)
+MEMORY_UNIT = "rank-microbatches"
 
 
 @dataclass(frozen=True, slots=True)
 class Costs:
-    """Time and memory of one stage on one microbatch (any consistent units)."""
+    """Time and memory of one rank's share of the model on one microbatch (any consistent
+    units): its forward F, input-gradient I and weight-gradient W, and the activations it holds.
+
+    A schedule with v stages (chunks) per rank gives each stage `share(v)`: 1/v of the times
+    and of the memory, so one `Costs` compares every schedule on the same model (ZB-V's two
+    half-size chunks against ZB-H1's one). Memory is then counted in units of one rank's
+    activations for one microbatch everywhere: 1F1B's rank 0 peaks at p of them, ZB-V too.
+    `comm` (one hop between ranks) and `overlap` are not divided: a chunk sends as large an
+    activation as a whole stage does. A list of `Costs`, one per stage, is taken as it is.
+    """
 
     F: float = 1.0  # forward
     I: float = 1.0  # noqa: E741  backward for the input gradient (the paper's "B")
@@ -48,6 +68,13 @@ class Costs:
             )
         return cls(*values)
 
+    def share(self, v: int) -> Costs:
+        """One of v equal stages on a rank: times and memory divided by v (comm, overlap kept)."""
+        if v == 1:
+            return self
+        return Costs(self.F / v, self.I / v, self.W / v, self.comm,
+                     self.mem_activation / v, self.mem_weight / v, self.overlap)  # fmt: skip
+
     def duration(self, kind: str) -> float:
         """How long an action of `kind` takes: the sum of its parts (B = I + W)."""
         return sum(getattr(self, part) for part in KINDS[kind].parts)
@@ -58,12 +85,16 @@ class Costs:
         return k.act * self.mem_activation + k.weight * self.mem_weight
 
 
-def per_stage(costs: Costs | Sequence[Costs] | None, num_stages: int, who: str = "") -> list[Costs]:
-    """One `Costs` per stage from one `Costs` (all stages alike), a list, or None (defaults)."""
-    if costs is None:
-        return [Costs()] * num_stages
-    if isinstance(costs, Costs):
-        return [costs] * num_stages
+def per_stage(
+    costs: Costs | Sequence[Costs] | None, stage_to_rank: Sequence[int], who: str = ""
+) -> list[Costs]:
+    """One `Costs` per stage: from one `Costs` (a rank's share, split evenly over the stages
+    each rank holds), a list (one per stage, as it is) or None (`Costs()`, likewise split)."""
+    num_stages = len(stage_to_rank)
+    if costs is None or isinstance(costs, Costs):
+        whole = Costs() if costs is None else costs
+        held = Counter(stage_to_rank)  # stages per rank
+        return [whole.share(held[r]) for r in stage_to_rank]
     prefix = f"{who}: " if who else ""
     if isinstance(costs, str) or not isinstance(costs, Sequence):
         hint = f" (Costs.parse({costs!r}) reads that form)" if isinstance(costs, str) else ""
@@ -78,3 +109,16 @@ def per_stage(costs: Costs | Sequence[Costs] | None, num_stages: int, who: str =
             f"got {len(costs)} items"
         )
     return costs
+
+
+def stage_costs(
+    costs: Costs | Sequence[Costs] | None, placed: Iterable[tuple[int, int]]
+) -> dict[int, Costs]:
+    """Each stage's `Costs` from (stage, rank) pairs seen (a trace's or a drawing's events),
+    by `per_stage`'s rule: one `Costs` is a rank's share, split over the stages it holds."""
+    where = dict(placed)  # stage -> rank
+    if costs is not None and not isinstance(costs, Costs):
+        return {s: costs[s] for s in where}
+    whole = Costs() if costs is None else costs
+    held = Counter(where.values())
+    return {s: whole.share(held[r]) for s, r in where.items()}

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.costs import Costs, stage_costs
 
 __all__ = ["CommEvent", "Event", "bubble_rate", "memory_deltas", "memory_steps", "rank_spans"]
 
@@ -76,17 +76,17 @@ def bubble_rate(events: Iterable[Event]) -> float:
 
 
 def memory_deltas(events: Iterable[Event], costs: Costs | Sequence[Costs] | None) -> list[float]:
-    """Each event's change of memory held, from its stage's `Costs` (default `Costs()`)."""
-    if costs is None:
-        costs = Costs()
+    """Each event's change of memory held, from its stage's `Costs` (default `Costs()`; one
+    `Costs` is a rank's share, split over the stages the events show on each rank)."""
+    events = list(events)
+    stages = stage_costs(costs, ((e.stage, e.rank) for e in events))  # one Costs: shared
     table: dict[tuple[int, str], float] = {}  # (stage, kind) -> delta, asked once each
     out = []
     for e in events:
         key = (e.stage, e.kind)
         delta = table.get(key)
         if delta is None:
-            c = costs if isinstance(costs, Costs) else costs[e.stage]
-            delta = table[key] = c.memory(e.kind)
+            delta = table[key] = stages[e.stage].memory(e.kind)
         out.append(delta)
     return out
 

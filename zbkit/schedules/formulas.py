@@ -1,10 +1,12 @@
 """Textbook bubble and memory formulas, shown beside the simulator's numbers (by the
 `zbkit schedule` command and the ScheduleExplorer widget).
 
-Costs are per stage and microbatch; a rank holding v stages does m * v * (F + I + W) work,
-so a bubble of `b` time units gives the rate b / (b + m * v * (F + I + W)). The formulas
-ignore `comm` (the simulator does not). zb-v's are those of the paper's fixed construction
-(what `build_schedule("zb-v")` returns); zb-auto searches, so it has none.
+`costs` is one rank's share of the model per microbatch (`Costs`' rule): a rank does
+m * (F + I + W) work whatever its number of chunks v, and each of its v stages takes 1/v of
+F, I, W and of the activations. A bubble of `b` time units gives the rate b / (b + m(F+I+W)).
+Memory is in units of one rank's activations for one microbatch. The formulas ignore `comm`
+(the simulator does not). zb-v's are those of the paper's fixed construction (what
+`build_schedule("zb-v")` returns); zb-auto searches, so it has none.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ def bubble(name: str, pp: int, m: int, v: int, costs: Any) -> ClosedForm | None:
     assumptions fail)."""
     f, i, w = costs.F, costs.I, costs.W
     p1 = pp - 1
-    if name in ("gpipe", "1f1b", "interleaved-1f1b"):
-        # interleaving shrinks the stage, not the count: costs here are per stage already
+    if name in ("gpipe", "1f1b"):
         formula, value = "(p-1)(F+I+W)", p1 * (f + i + w)
+    elif name == "interleaved-1f1b":  # the same count of steps, each a stage 1/v as long
+        formula, value = "(p-1)(F+I+W)/v", p1 * (f + i + w) / v
     elif name == "zb-h1" and w <= min(f, i) and m >= pp:
         formula, value = "(p-1)(F+I-W)", p1 * (f + i - w)
     elif name == "zb-h2" and f == i == w and m >= 2 * pp - 1:
@@ -36,7 +39,7 @@ def bubble(name: str, pp: int, m: int, v: int, costs: Any) -> ClosedForm | None:
         formula, value = "0 (F = I = W)", 0.0
     else:
         return None
-    work = m * v * (f + i + w)
+    work = m * (f + i + w)
     return ClosedForm(formula, value, value / (value + work) if value + work > 0 else 0.0)
 
 
@@ -63,10 +66,10 @@ def peak_memory(name: str, pp: int, m: int, v: int, costs: Any) -> tuple[str, li
         return "min(p-r, m)", [a * min(pp - r, m) for r in ranks]
     if name == "zb-h2":
         return "min(2(p-r)-1, m)", [a * min(2 * (pp - r) - 1, m) for r in ranks]
-    if name == "interleaved-1f1b" and m >= 2 * pp:
-        return "min(2(p-r-1)+(v-1)p+1, mv)", [
-            a * min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v) for r in ranks
+    if name == "interleaved-1f1b" and m >= 2 * pp:  # chunk-microbatches, each 1/v of a share
+        return "min(2(p-r-1)+(v-1)p+1, mv)/v", [
+            a * min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v) / v for r in ranks
         ]
-    if name == "zb-v" and m >= 2 * pp:
-        return "2p", [a * 2 * pp for _ in ranks]
+    if name == "zb-v" and m >= 2 * pp:  # 2p half-size chunks: p rank shares, like 1F1B's rank 0
+        return "p", [a * pp for _ in ranks]
     return None

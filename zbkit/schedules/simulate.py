@@ -147,7 +147,7 @@ def simulate(
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
         raise ValueError(f"simulate: iterations must be an int >= 1, got {iterations!r}")
     costs = Costs() if costs is None else costs
-    per_stage_costs = per_stage(costs, schedule.num_stages)
+    per_stage_costs = per_stage(costs, schedule.stage_to_rank)
     if check:  # what validate checks; the deadlock check is the walk below
         check_actions(schedule)
     durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage_costs) for k in KINDS}

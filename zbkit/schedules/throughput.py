@@ -9,8 +9,8 @@ allows, and the longest rank span, what the bubble rate counts, sets the pace. Z
 over ZB-H1 only in the second case.
 
 The baseline is 1F1B on the same ranks doing the same work: rank r's stage costs what all of
-the schedule's stages on rank r cost together (for a schedule with v stages per rank, v
-times one stage's `Costs`).
+the schedule's stages on rank r cost together (one `Costs` is a rank's share already, so
+1F1B gets it as it is; a list, one per stage, is summed per rank).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Throughput:
 
 def rank_costs(schedule: Schedule, costs: Costs | Sequence[Costs] | None) -> list[Costs]:
     """Per rank: what all of its stages cost together (1F1B's stage for the same work)."""
-    stages = per_stage(costs, schedule.num_stages)
+    stages = per_stage(costs, schedule.stage_to_rank)
     out = []
     for r in range(schedule.pp):
         mine = [stages[s] for s in schedule.stages_on(r)] or [Costs(0, 0, 0, 0, 0, 0)]

@@ -12,6 +12,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.viz._colors import kind_color
 
 __all__ = ["schedule_html", "simulation_html", "trace_html"]
@@ -103,7 +104,7 @@ def trace_html(trace: Any) -> str:
     rows: dict[int, list[tuple[str, Sequence[str]]]] = {}
     for e in sorted(trace.events, key=lambda e: (e.rank, e.start)):
         rows.setdefault(e.rank, []).append((e.label, [e.kind]))
-    units = " activations" if trace.costs is None else ""
+    units = f" {MEMORY_UNIT}" if trace.costs is None else ""
     numbers = _numbers(
         [
             ("bubble rate", f"{trace.bubble_rate:.2%}"),

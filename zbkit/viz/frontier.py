@@ -16,6 +16,7 @@ from matplotlib.ticker import PercentFormatter
 
 from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
 from zbkit.schedules.builders import PLACEMENTS
+from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.viz._figure import ZbFigure
 
 # (colour, marker) per label: 1F1B's family blue, ZB-H green, V red, zb-auto's curves apart
@@ -41,9 +42,6 @@ def _style(label: str) -> tuple[str, str]:
         return _STYLES[label]
     i = SCHEDULES.index(label) if label in SCHEDULES else len(label)  # a schedule added later
     return f"C{i % 10}", _OTHER_MARKERS[i % len(_OTHER_MARKERS)]
-
-
-_V_CHUNKS = 2  # zb-auto's V placement: two chunks (stages) per rank
 
 
 class FrontierPoint(NamedTuple):
@@ -101,11 +99,10 @@ def _first_line(error: ValueError) -> str:
 
 
 def _point(schedule, costs, label, limit=None) -> FrontierPoint:
-    """Simulate; convert the peak from chunk units to whole-rank units (a chunk holds 1/v of
-    a rank's layers). A schedule the builder made must simulate: errors here propagate."""
+    """Simulate (one `Costs`: every schedule runs the same model, so peaks are in one unit).
+    A schedule the builder made must simulate: errors here propagate."""
     sim = simulate(schedule, costs)
-    memory = max(sim.peak_memory) / schedule.stages_per_rank
-    return FrontierPoint(label, limit, memory, sim.bubble_rate)
+    return FrontierPoint(label, limit, max(sim.peak_memory), sim.bubble_rate)
 
 
 def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str, str]]:
@@ -122,11 +119,9 @@ def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str
             continue
         for placement in PLACEMENTS:
             label = f"zb-auto ({placement})"
-            chunks = _V_CHUNKS if placement == "v" else 1
             refused: list[tuple[float, str]] = []
             for limit in limits:
-                # the search's limit is in chunk units: a rank-units limit times its chunks
-                options = dict(costs=costs, memory_limit=limit * chunks, placement=placement)
+                options = dict(costs=costs, memory_limit=limit, placement=placement)
                 try:
                     schedule = build_schedule(name, pp=pp, microbatches=m, **options)
                 except ValueError as error:  # nothing fits this limit
@@ -135,8 +130,6 @@ def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str
                 points.append(_point(schedule, costs, label, limit))
             if refused:
                 which = ", ".join(f"{x:g}" for x, _ in refused)
-                if chunks > 1:
-                    which += f" (x{chunks} in its chunk units)"
                 said = refused[-1][1].rstrip(":")
                 skipped[label] = f"no schedule under memory limits {which}; the search says: {said}"
     return points, skipped
@@ -222,9 +215,8 @@ def plot_frontier(
     ax.set_ylim(bottom=min(-0.02, ax.get_ylim()[0]))
     ax.set_ylabel("bubble rate (simulate)", fontsize=9)
     ax.set_xlabel(
-        "peak memory of the busiest rank, in microbatches through a whole rank's layers "
-        f"(x mem_activation = {costs.mem_activation:g})\n"
-        "V and interleaved schedules: chunk peak / chunks per rank",
+        f"peak memory of the busiest rank, in {MEMORY_UNIT} "
+        f"(x mem_activation = {costs.mem_activation:g})",
         fontsize=8,
     )
     ax.tick_params(labelsize=8)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zbkit.schedules import memory_deltas, memory_steps
+from zbkit.schedules import Costs, memory_deltas, memory_steps
+from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.viz._colors import LIMIT_COLOR, kind_color
 from zbkit.viz._figure import DPI, ZbFigure, check_ranks
 from zbkit.viz.timeline import Timeline, timeline
@@ -92,14 +93,13 @@ def plot_memory(
     axes[-1].set_xlabel(unit, fontsize=8)
     axes[0].set_ylim(bottom=min(0.0, *[min(steps[r][1]) for r in shown]))
     limit_text = f", limit {limit:.4g} (dashed)" if limit is not None else ""
-    # the unit: Costs.mem_activation per microbatch of one stage; with several stages per
-    # rank (zb-v's V) each is a chunk of the model part, so say so
-    stages = {e.stage for e in t.events}
-    v = len(stages) // max(t.num_ranks, 1)
-    unit = f"chunk-microbatches (a chunk: 1/{v} of a rank's layers)" if v > 1 else "microbatches"
+    # the unit: one Costs is a rank's share (whatever its chunks), so one unit everywhere;
+    # costs given per stage (e.g. measured) weigh each stage's microbatches their own way
+    weights = costs if costs is not None else getattr(t.source, "costs", None)
+    per_stage = weights is not None and not isinstance(weights, Costs)
+    unit = "the per-stage costs' units" if per_stage else f"{MEMORY_UNIT} x mem_activation"
     axes[0].set_title(
-        f"activation memory per rank, in {unit} x mem_activation: peak {max(peaks):.4g}"
-        f"{limit_text}",
+        f"activation memory per rank, in {unit}: peak {max(peaks):.4g}{limit_text}",
         fontsize=9,
         loc="left",
     )

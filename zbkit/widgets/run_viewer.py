@@ -9,6 +9,7 @@ import ipywidgets as w
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from zbkit.schedules.events import rank_spans
+from zbkit.schedules.throughput import rank_costs
 from zbkit.viz import plot_schedule, timeline
 from zbkit.widgets._common import Offline, table_html
 
@@ -18,13 +19,14 @@ _BOTTOM_IN, _GAP_PX = 0.55, 6  # ticks and the axis label; between axes, legend 
 
 
 def _sim_costs(simulation: Any) -> str:
-    """'F 0.01, I 0.01, W 0.01, hop 0.00053': the costs the simulation ran with, per stage
-    (their medians when stages differ), so its numbers say what they are."""
-    stages = simulation.per_stage
-    parts = {p: statistics.median(getattr(c, p) for c in stages) for p in ("F", "I", "W", "comm")}
-    same = all(c == stages[0] for c in stages)
+    """'F 0.01, I 0.01, W 0.01, hop 0.00053': the costs the simulation ran with, per rank
+    (all of a rank's stages together, `Costs`' unit; their medians when ranks differ), so
+    its numbers say what they are."""
+    ranks = rank_costs(simulation.schedule, simulation.per_stage)
+    parts = {p: statistics.median(getattr(c, p) for c in ranks) for p in ("F", "I", "W", "comm")}
+    same = all(c == ranks[0] for c in ranks)
     text = ", ".join(f"{'hop' if p == 'comm' else p} {v:.3g}" for p, v in parts.items())
-    return text if same else f"{text} (medians over stages)"
+    return text if same else f"{text} (medians over ranks)"
 
 
 def _lay_out(fig: Any) -> None:

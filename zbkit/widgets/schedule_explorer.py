@@ -20,6 +20,7 @@ import ipywidgets as w
 
 from zbkit.schedules import SCHEDULES, Costs, simulate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
+from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.schedules.throughput import throughput
 from zbkit.viz import plot_schedule
@@ -71,9 +72,9 @@ class ScheduleExplorer(Offline, w.VBox):
                 value=memory_limit,
                 min=0,
                 max=64,
-                step=1,
+                step=0.5,
                 description="memory limit",
-                tooltip="0: no limit",
+                tooltip=f"peak per rank in {MEMORY_UNIT} (1F1B's rank 0 holds pp); 0: no limit",
                 **slider,
             ),
             "placement": w.Dropdown(
@@ -217,7 +218,8 @@ class ScheduleExplorer(Offline, w.VBox):
             rows.append(["closed form", "none for these settings (simulated only)"])
         peak = sim.peak_memory
         over = limit is not None and max(peak) > limit
-        rows.append(["peak memory per rank", _fmt(peak) + ("  > limit!" if over else "")])
+        unit = f"peak memory per rank ({MEMORY_UNIT})"
+        rows.append([unit, _fmt(peak) + ("  > limit!" if over else "")])
         pm = None if searched else peak_memory(name, pp, m, v, costs)
         if pm is not None:
             rows.append([f"closed form {pm[0]}", _fmt(pm[1])])
