@@ -46,7 +46,7 @@ def test_every_action_once_coloured_by_kind_and_the_numbers_are_the_simulations(
     assert f"bubble rate <b>{sim.bubble_rate:.2%}</b>" in page
     assert f"makespan <b>{sim.makespan:.4g}</b>" in page
     peaks = ", ".join(f"{p:.4g}" for p in sim.peak_memory)
-    assert f"peak memory per rank <b>{peaks}</b>" in page
+    assert f"peak memory per rank (rank-microbatches) <b>{peaks}</b>" in page
     # rank r's row holds rank r's program, in order
     rows = re.findall(r"<tr><th[^>]*>rank (\d+)</th>(.*?)</tr>", page)
     for rank, row in rows:

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from zbkit.schedules.builders import build_schedule
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.costs import MEMORY_UNIT, Costs
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Simulation, simulate
 from zbkit.schedules.validate import validate
@@ -176,10 +176,11 @@ class TorchComparison:
         for label, get in (
             ("makespan", lambda s: f"{s.makespan:.4g}"),
             ("bubble rate", lambda s: f"{s.bubble_rate:.4f}"),
-            ("peak memory", lambda s: f"{max(s.peak_memory):.4g}"),
+            ("peak memory", lambda s: f"{max(s.peak_memory):.4g}"),  # MEMORY_UNIT, said below
         ):
             cells = [get(s) if s is not None else "-" for s in (self.torch_sim, self.zbkit_sim)]
             lines.append(f"{label:14}{cells[0]:>12}{cells[1]:>12}")
+        lines.append(f"{'':14}(peak memory: the busiest rank's, in {MEMORY_UNIT})")
         if self.torch.stage_to_rank != self.zbkit.stage_to_rank:
             lines.append(f"placement differs: torch {self.torch.stage_to_rank}, "
                          f"zbkit {self.zbkit.stage_to_rank}")  # fmt: skip

@@ -90,7 +90,7 @@ def simulation_html(sim: Any) -> str:
         [
             ("bubble rate", f"{sim.bubble_rate:.2%}"),
             ("makespan", f"{sim.makespan:.4g}"),
-            ("peak memory per rank", _fmt(sim.peak_memory)),
+            (f"peak memory per rank ({MEMORY_UNIT})", _fmt(sim.peak_memory)),
         ]
     )
     grid = _grid(_schedule_rows(sim.schedule))
