@@ -11,8 +11,9 @@ between F and I/B (activations) and between I and W (weight-gradient state). Wei
 time by the one memory rule of ``zbkit.schedules.events`` (growth at an action's start,
 shrinking at its end), it is the quantity the simulator's memory model gives, so
 ``trace.memory_for(costs)`` is comparable with ``simulate(schedule, costs).memory``. The
-weights are ``trace.costs``: ``Costs()`` (one unit per activation, pending Ws free) unless
-set, and the repr says so.
+weights are ``trace.costs``: ``Costs()`` unless set, and the repr says so. One ``Costs`` is
+a rank's share, split over the stages it holds (``Costs``' rule), so the counts are in
+rank-microbatches: a zb-v chunk's microbatch counts 1/2; pending Ws are free.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Trace:
     events: list[Event] = field(default_factory=list)
     comm: list[CommEvent] = field(default_factory=list)
     memory_samples: list[MemorySample] = field(default_factory=list)
-    # weights of `memory` / `peak_memory` (None: Costs(), one unit per activation held)
+    # weights of `memory` / `peak_memory` (None: Costs(), one unit per rank-microbatch)
     costs: Costs | list[Costs] | None = None
 
     def __repr__(self) -> str:
