@@ -43,7 +43,7 @@ class Simulation:
     schedule: Schedule
     costs: Costs | list[Costs]
     makespan: float  # last end - first start, over all ranks
-    bubble_rate: float  # (cost - m*v*(F+I+W)) / cost, cost = the longest rank span
+    bubble_rate: float  # (cost - m*(F+I+W)) / cost, cost = the longest rank span
     peak_memory: list[float]  # per rank
     busy: list[float]  # per rank: time spent computing
     span: list[float]  # per rank: first start to last end
@@ -132,7 +132,9 @@ def simulate(
     iterations: int = 1,
     optimizer_sync: bool = True,
 ) -> Simulation:
-    """Simulate `schedule`; `costs` is one `Costs` for every stage or a list, one per stage.
+    """Simulate `schedule`; `costs` is one `Costs` (a rank's share of the model, split evenly
+    over the stages each rank holds: every schedule runs the same model) or a list, one per
+    stage, taken as it is.
 
     `check=False` skips `validate` (for callers that just built or validated the schedule).
     `iterations=k` runs k training iterations back to back (iteration i's microbatches are
@@ -273,7 +275,7 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         busy.append(sum(end - start for start, end in spans))
     span = [e - s for s, e in zip(starts, ends, strict=True)]
     # ideal work of the busiest rank: m * sum over its stages of (F + I + W); with one
-    # Costs for all stages this is m * v * (F + I + W)
+    # Costs (a rank's share, split over its stages) this is m * (F + I + W)
     work = [0.0] * schedule.pp  # one pass over the stages (stages_on per rank is O(p^2))
     for s, r in enumerate(schedule.stage_to_rank):
         work[r] += sum(getattr(per_stage_costs[s], p) for p in PARTS)
