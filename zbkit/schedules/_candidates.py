@@ -31,7 +31,7 @@ class Problem:
     pp: int
     m: int
     costs: list[Costs]  # one per stage
-    limit: float  # peak memory per rank, in the units of Costs.mem_activation
+    limit: float  # peak memory per rank, in the per-stage costs' memory units (summed)
     placement: str  # "linear" or "v"
     memo: dict = field(default_factory=dict)  # work shared between candidates (one search)
     beat: float = math.inf  # the best span so far: a builder may give up (`Slower`) above it

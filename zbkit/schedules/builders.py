@@ -148,11 +148,12 @@ def build_schedule(
     """Build schedule `name` (one of `SCHEDULES`) for `pp` ranks and `microbatches`.
 
     Options: `stages_per_rank` (interleaved-1f1b, looped-bfs, interleaved-zb; default 2);
-    `costs`, `memory_limit` (in units of `Costs.mem_activation`) and `placement` ("linear"
-    or "v") for zb-auto, which searches (see `explain_auto`). zb-v without costs or a limit
-    is the paper's hand-written ZB-V; with them, zb-auto's V search (default limit 2p
-    half-stage activations, 1F1B's peak), never slower than the paper's ZB-V or the
-    reference repo's V scheduler.
+    `costs` (one `Costs`: a rank's share, split over its chunks; or one per stage),
+    `memory_limit` (peak per rank in rank-microbatches x `Costs.mem_activation`, whatever the
+    placement) and `placement` ("linear" or "v") for zb-auto, which searches (see
+    `explain_auto`). zb-v without costs or a limit is the paper's hand-written ZB-V; with
+    them, zb-auto's V search (default limit p, 1F1B's peak), never slower than the paper's
+    ZB-V or the reference repo's V scheduler.
     """
     _check(name, pp, microbatches)
     if name in _SEARCHES:
