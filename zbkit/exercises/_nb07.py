@@ -66,7 +66,9 @@ def first_line(err: Exception) -> str:
     return str(err).splitlines()[0]
 
 
-@exercise("07.1", "a 3-rank program (a Schedule or {rank: [actions]}) whose only fault is a W")
+@exercise(
+    "07.1", "a 3-rank program (a Schedule or {rank: [actions]}), valid but for a W before its I"
+)
 def w_before_i(answer: Any) -> tuple[bool, str]:
     s = as_program(answer)
     if isinstance(s, str):
@@ -95,9 +97,9 @@ def w_before_i(answer: Any) -> tuple[bool, str]:
         return False, f"{w} is out of place, but more is wrong: with it after its I, validate "\
                       f"still says: {first_line(err)}"  # fmt: skip
     return True, (
-        f"validate says: {said}. It checks each rank's own order before looking across ranks "
-        "(no deadlock search needed) and marks that cell in the grid: W needs what its I leaves "
-        "behind (the output gradient the I pass received), so W comes after I on its rank."
+        f"validate says: {said}. A fault in one rank's own order, found before any look across "
+        "ranks, with that cell marked in the grid: a W needs what its I leaves behind (the "
+        "output gradient the I pass received), so it comes after its I on the same rank."
     )
 
 
@@ -125,7 +127,7 @@ def barrier_against_recv(answer: Any) -> tuple[bool, str]:
         )
     if "timed out" not in str(answer).split("\n", 1)[0]:
         return False, "this error is not a timeout report: give the run a timeout (a few seconds)"
-    calls = {rank: waiting_call(stack) for rank, stack in answer.tracebacks.items()}
+    calls = {rank: waiting_call(stack) for rank, stack in sorted(answer.tracebacks.items())}
     shown = ", ".join(f"rank {r} in {c or 'no torch.distributed call'}" for r, c in calls.items())
     if sorted(c or "" for c in calls.values()) == ["barrier", "recv"]:
         return True, (
