@@ -116,6 +116,8 @@ def uneven_epochs(answer: Any) -> tuple[bool, str]:
             "join())."
         )
     extra, missing = sorted(got - hang), sorted(hang - got)
+    if any(k not in steps for k in extra):
+        return False, f"k counts micro-batches per window, from 1 to {BATCHES}: got {sorted(got)}"
     if extra:
         k = extra[0]
         return False, (
