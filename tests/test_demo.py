@@ -70,8 +70,10 @@ def test_demo_runs_pipelines_and_writes_the_report(tmp_path, capsys, monkeypatch
         assert float(line.split()[-1]) < 1e-6, f"{name}: gradient differs from one process"
         assert line.split()[-2] in ("KiB", "MiB"), line
     # peak held per rank, run | sim: 1f1b holds pp - rank microbatches (closed form)
-    assert "2 1 | 2 1" in real["1f1b"] and " microbatches " in real["1f1b"]
-    assert "microbatch-chunks (1/2 stage each)" in real["zb-v"]
+    # one unit for both: rank-microbatches (a zb-v chunk holds half of one), run as sim
+    assert "2 1 | 2 1" in real["1f1b"] and all(" rank-microbatches " in r for r in real.values())
+    held = re.search(r"([\d.]+ [\d.]+) \| ([\d.]+ [\d.]+)", real["zb-v"])
+    assert held and held[1] == held[2] and max(map(float, held[1].split())) <= 2, real["zb-v"]
     assert "Real timings differ" in out and "OK" in out.split("Part 2")[1]
 
     # the report: one file, the plots inlined (synthetic and real per schedule), graph as SVG
