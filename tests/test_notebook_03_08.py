@@ -54,7 +54,7 @@ def test_03_zb_v_picture_names_each_box_chunk_and_kind():
     *body, last = _source(_cell(cells, "31c9f38c")).strip().splitlines()
     exec("\n".join(body), space)
     fig = eval(last, space)  # the picture the notebook shows
-    sim = simulate(space["zbv"], space["half"])
+    sim = simulate(space["zbv"], space["unit"])  # one Costs for every schedule (no halving)
     # every box says its stage, kind and microbatch: `5F` over `3` (the stage tells the chunk)
     said = Counter(
         (round(t.get_position()[1]), t.get_text().replace("\n", "")) for t in fig.axes[0].texts
