@@ -1,0 +1,167 @@
+"""The exercises of notebook 03: each checker against an answer worked out here.
+
+The oracles: the papers' closed forms, computed here in exact fractions (03.4, 03.5) or
+floats (03.3, on the notebook's own paper-times row), and the simulator read directly
+(03.1, 03.2). Then the notebook: every exercise has a check cell that waits for an answer
+and a folded solution the checker calls right.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from fractions import Fraction
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zbkit.exercises import EXERCISES, check
+from zbkit.schedules import Costs, build_schedule, simulate
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_schedules_and_bubbles.ipynb"
+KEYS = [f"03.{k}" for k in range(1, 6)]
+UNIT = Costs(F=1, I=1, W=1)
+
+
+def _cells() -> list[dict]:
+    return json.loads(NOTEBOOK.read_text())["cells"]
+
+
+def _source(cell: dict) -> str:
+    src = cell["source"]
+    return src if isinstance(src, str) else "".join(src)
+
+
+def _judged(key: str, answer: Any) -> tuple[bool | None, str]:
+    verdict = check(key, answer)
+    return verdict.right, verdict.why
+
+
+def _rate(name: str, m: int, costs: Costs = UNIT, pp: int = 4) -> float:
+    return simulate(build_schedule(name, pp=pp, microbatches=m), costs).bubble_rate
+
+
+def test_03_1_zb_h2_has_no_bubble_from_2p_minus_1():
+    m = next(m for m in count(1) if _rate("zb-h2", m) == 0)
+    assert m == 2 * 4 - 1  # the closed form's condition for F = I = W
+    right, why = _judged("03.1", m)
+    assert right is True and f"m = {m} = 2p-1" in why
+    right, why = _judged("03.1", m + 1)
+    assert right is False and "go down" in why
+    right, why = _judged("03.1", m - 1)
+    assert right is False and f"{_rate('zb-h2', m - 1):.1%}" in why and "go up" in why
+    right, why = _judged("03.1", float(m))
+    assert right is False and "whole number" in why
+
+
+def test_03_2_comm_hurts_zb_v_most():
+    names = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v")
+    slow = Costs(F=1, I=1, W=1, comm=0.2)
+    rise = {n: _rate(n, 8, slow) - _rate(n, 8) for n in names}
+    worst = max(rise, key=rise.__getitem__)
+    right, why = _judged("03.2", worst.upper())
+    assert right is True and f"+{100 * rise[worst]:.1f} points" in why
+    assert "6 hops a microbatch each way against interleaved 1F1B's 7" in why
+    other = min(rise, key=rise.__getitem__)
+    right, why = _judged("03.2", other)
+    assert right is False and f"rises {100 * rise[other]:.1f} points" in why
+    right, why = _judged("03.2", "pipedream")
+    assert right is False and "not one of the seven" in why
+
+
+def _paper_row() -> tuple[int, int, tuple[float, float, float, float]]:
+    """(p, m, (F, I, W, comm)) of the paper-times table's first row, from the notebook."""
+    cell = next(c for c in _cells() if c["id"] == "b8d18663")
+    table = ast.literal_eval(ast.parse(_source(cell)).body[0].value)  # paper_times = {...}
+    pp, _, _, runs = table["1.5B"]
+    return pp, 24, runs[24]
+
+
+def test_03_3_the_closed_form_leaves_communication_out():
+    pp, m, (f, i, w, comm) = _paper_row()
+    idle = (pp - 1) * (f + i - w)
+    form = idle / (idle + m * (f + i + w))
+    right, why = _judged("03.3", round(form, 4))  # as the learner reads it off a print
+    assert right is True and f"{form:.4f}" in why and "communication" in why
+    simulated = _rate("zb-h1", m, Costs(f, i, w, comm=comm), pp=pp)
+    assert simulated > form + 0.005  # the two differ: the exercise has a point
+    right, why = _judged("03.3", simulated)
+    assert right is False and "the simulator's" in why
+    right, why = _judged("03.3", 100 * form)
+    assert right is False and "percent" in why
+    right, why = _judged("03.3", "0.15")
+    assert right is False and "as a number" in why
+
+
+def test_03_4_four_chunks_per_rank_beat_zb_h1():
+    pp, m = 4, 8
+    f, i, w = Fraction(1), Fraction(1), Fraction(1)
+    zb_h1 = m * (f + i + w) + (pp - 1) * (f + i - w)  # makespans: work + the busiest idle
+
+    def interleaved(v: int) -> Fraction:
+        return m * (f + i + w) + (pp - 1) * (f + i + w) / v
+
+    v = next(v for v in count(1) if interleaved(v) < zb_h1)
+    assert interleaved(v - 1) == zb_h1  # one fewer chunk ties: the checker must say so
+    right, why = _judged("03.4", v)
+    assert right is True and f"makespan {float(interleaved(v)):g}" in why
+    right, why = _judged("03.4", v - 1)
+    assert right is False and "ties" in why
+    right, why = _judged("03.4", v - 2)
+    assert right is False and "go up" in why
+    right, why = _judged("03.4", v + 2)
+    assert right is False and "a smaller v does too" in why
+
+
+def test_03_5_enough_microbatches_for_a_small_1f1b_bubble():
+    pp = 4
+    m = next(m for m in count(1) if Fraction(pp - 1, m + pp - 1) < Fraction(1, 10))
+    rough = next(m for m in count(1) if Fraction(pp - 1, m) < Fraction(1, 10))
+    right, why = _judged("03.5", m)
+    assert right is True and f"{pp - 1}/{m + pp - 1}" in why
+    right, why = _judged("03.5", rough)
+    assert right is False and "approximation" in why
+    right, why = _judged("03.5", m - 1)
+    assert right is False and "10.00%" in why and "go up" in why
+    right, why = _judged("03.5", True)
+    assert right is False and "whole number" in why
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_no_answer_says_what_to_give(key):
+    verdict = check(key, None)
+    assert verdict.right is None and "not answered yet" in repr(verdict)
+    assert EXERCISES[key].asks in verdict.why
+
+
+def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right():
+    cells = _cells()
+    asked = {
+        i: f"03.{m[1]}"
+        for i, c in enumerate(cells)
+        if (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", _source(c)))
+    }
+    assert list(asked.values()) == sorted(k for k in EXERCISES if k.startswith("03.")) == KEYS
+    for i, key in asked.items():
+        checking, solution = cells[i + 1], cells[i + 2]
+        for cell in (checking, solution):
+            assert cell["cell_type"] == "code", f"{key}: cell {cell['id']}"
+            assert f'check("{key}", answer)' in _source(cell), f"{key}: {_source(cell)}"
+        assert "answer = None" in _source(checking), key
+        assert "not answered yet" in json.dumps(checking["outputs"]), key
+        assert _source(solution).startswith("# Worked solution (expand to read)\n"), key
+        assert solution["metadata"]["jupyter"]["source_hidden"] is True, key
+        assert solution["metadata"]["jupyter"]["outputs_hidden"] is True, key
+        assert "solution" in solution["metadata"]["tags"], key
+        assert f"exercise {key}: right." in json.dumps(solution["outputs"]), key
+        # the solution computes its answer: no `answer = <a literal>`
+        assigned = [
+            n.value
+            for n in ast.walk(ast.parse(_source(solution)))
+            if isinstance(n, ast.Assign)
+            and any(getattr(t, "id", "") == "answer" for t in n.targets)
+        ]
+        assert assigned and not any(isinstance(v, ast.Constant) for v in assigned), key
