@@ -18,6 +18,7 @@ import pytest
 
 import zbkit
 from zbkit.schedules import Costs, build_schedule, explain_auto, simulate
+from zbkit.schedules.paper import TABLE6
 from zbkit.viz import plot_schedule
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -66,14 +67,16 @@ def test_03_zb_v_picture_names_each_box_chunk_and_kind():
 
 
 def _paper_rows(cells: list[dict]) -> list[tuple[str, int, int, Costs]]:
-    """(model, m, p, costs) of each row of the paper-times table, from the cell's own dict."""
-    src = _source(_cell(cells, "b8d18663"))
-    table = ast.literal_eval(ast.parse(src).body[0].value)  # paper_times = {...}
+    """(model, m, p, costs) of each row of the paper-times table: the rows it printed, the
+    times from the paper's Table 6 (zbkit.schedules.paper, which the cell reads)."""
+    printed = _text(_cell(cells, "b8d18663")).splitlines()
     rows = []
-    for model, (pp, h, a, runs) in table.items():
-        for mb, times in runs.items():
+    for line in printed[1:]:
+        if " zbkit " in line:
+            model, mb = line.split()[0], int(line.split()[1])
+            pp, h, a, runs = TABLE6[model]
             mem_w = 32 * h / (34 * h + 5 * a * 1024)
-            rows.append((model, mb, pp, Costs(*times, mem_activation=1.0, mem_weight=mem_w)))
+            rows.append((model, mb, pp, Costs(*runs[mb], mem_activation=1.0, mem_weight=mem_w)))
     return rows
 
 
@@ -82,9 +85,11 @@ def test_03_zb_1p_is_zb_h1_because_zb_h1_reaches_the_lower_bound():
     printed = _text(_cell(cells, "b8d18663")).splitlines()
     assert printed[0].split() == ["model", "m", "1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p"]
     rows = _paper_rows(cells)
-    assert len(printed) == 1 + len(rows) == 5
-    for line, (model, mb, pp, costs) in zip(printed[1:], rows, strict=True):
-        name, m, *rates = line.split()
+    assert "TABLE6" in _source(_cell(cells, "b8d18663"))  # the paper's times, as quoted
+    assert len(printed) == 1 + 2 * len(rows) == 9  # each row: zbkit's, then the paper's
+    ours = [line for line in printed[1:] if " zbkit " in line]
+    for line, (model, mb, pp, costs) in zip(ours, rows, strict=True):
+        name, m, _, *rates = line.split()
         assert (name, int(m)) == (model, mb)
         assert rates[1] == rates[3]  # the column the learner asked about: ZB-1p = ZB-H1
         assert float(rates[4]) < float(rates[2])  # ZB-2p beats ZB-H2, as the text says

@@ -20,6 +20,7 @@ import pytest
 
 from zbkit.exercises import EXERCISES, check
 from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.schedules.paper import TABLE6
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_schedules_and_bubbles.ipynb"
 KEYS = [f"03.{k}" for k in range(1, 6)]
@@ -73,10 +74,12 @@ def test_03_2_comm_hurts_zb_v_most():
 
 
 def _paper_row() -> tuple[int, int, tuple[float, float, float, float]]:
-    """(p, m, (F, I, W, comm)) of the paper-times table's first row, from the notebook."""
+    """(p, m, (F, I, W, comm)) of the paper-times table's first row: the paper's Table 6
+    as quoted in zbkit.schedules.paper, which the notebook's cell reads."""
     cell = next(c for c in _cells() if c["id"] == "b8d18663")
-    table = ast.literal_eval(ast.parse(_source(cell)).body[0].value)  # paper_times = {...}
-    pp, _, _, runs = table["1.5B"]
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"]).splitlines()
+    assert "TABLE6" in _source(cell) and printed[1].split()[:2] == ["1.5B", "24"]
+    pp, _, _, runs = TABLE6["1.5B"]
     return pp, 24, runs[24]
 
 

@@ -20,34 +20,9 @@ from zbkit.schedules._build_heuristic import heuristic
 from zbkit.schedules._refine import defer_late_ws
 from zbkit.schedules.builders import explain_auto
 from zbkit.schedules.costs import per_stage
+from zbkit.schedules.paper import TABLE5, TABLE6
 
-# model: (p, hidden, heads, {m: (T_F, T_B = our I, T_W, T_comm) in ms})
-TABLE6 = {
-    "1.5B": (8, 2304, 24, {24: (18.522, 18.086, 9.337, 0.601), 32: (18.513, 18.086, 9.331, 0.626),
-                           64: (18.546, 18.097, 9.321, 0.762)}),
-    "6.2B": (8, 4096, 32, {24: (29.718, 29.444, 19.927, 0.527), 32: (29.802, 29.428, 19.530, 0.577),
-                           64: (29.935, 29.621, 19.388, 0.535)}),
-    "14.6B": (16, 5120, 40, {48: (11.347, 11.248, 8.132, 0.377), 64: (11.307, 11.254, 8.101, 0.379),
-                             128: (11.325, 11.308, 8.109, 0.378)}),
-    "28.3B": (32, 6144, 48, {96: (10.419, 10.207, 7.715, 0.408),
-                             128: (10.408, 10.204, 7.703, 0.408),
-                             256: (10.402, 10.248, 7.698, 0.460)}),
-}  # fmt: skip
-# the paper's Table 5 (ICLR version): bubble rates of 1F1B, ZB-H1, ZB-H2, ZB-1p, ZB-2p
-TABLE5 = {
-    ("1.5B", 24): (0.2431, 0.1585, 0.1083, 0.1585, 0.0433),
-    ("1.5B", 32): (0.1985, 0.1242, 0.0837, 0.1242, 0.0039),
-    ("1.5B", 64): (0.1240, 0.0674, 0.0444, 0.0674, 0.0026),
-    ("6.2B", 24): (0.2347, 0.1323, 0.0698, 0.1323, 0.0029),
-    ("6.2B", 32): (0.1898, 0.1045, 0.0559, 0.1045, 0.0022),
-    ("6.2B", 64): (0.1091, 0.0554, 0.0294, 0.0554, 0.0010),
-    ("14.6B", 48): (0.2552, 0.1397, 0.0672, 0.1397, 0.0066),
-    ("14.6B", 64): (0.2082, 0.1088, 0.0516, 0.1088, 0.0054),
-    ("14.6B", 128): (0.1251, 0.0576, 0.0266, 0.0576, 0.0028),
-    ("28.3B", 96): (0.2646, 0.1421, 0.0641, 0.1421, 0.0038),
-    ("28.3B", 128): (0.2168, 0.1106, 0.0490, 0.1106, 0.0029),
-    ("28.3B", 256): (0.1352, 0.0594, 0.0257, 0.0594, 0.0018),
-}
+# the paper's Table 6 times and Table 5 rates, quoted once in zbkit.schedules.paper
 PRINTED = 5e-5  # the table rounds to 4 digits
 # zb-auto is built for these (the two larger 28.3B runs take seconds each: left to the CLI)
 AUTO_CASES = [case for case in TABLE5 if case[0] != "28.3B" or case[1] == 96]
