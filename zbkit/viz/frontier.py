@@ -148,10 +148,9 @@ def plot_frontier(
 
     Args:
         pp, microbatches: the pipeline's size; every schedule is built for it.
-        costs: one `Costs` for every stage, passed as is to `simulate`: for V and interleaved
-            schedules, per chunk. With comm = 0 that does not change a bubble rate (a ratio of
-            times); with comm > 0 a chunk's hop weighs less against its compute than it would
-            if its F, I, W were scaled down to 1/v, so chunked schedules look a little better.
+        costs: one `Costs`, a rank's share of the model (`Costs`' rule: a schedule with v
+            chunks per rank gives each 1/v of it), passed as is to `simulate`, so every point
+            runs the same model.
         schedules: names from `SCHEDULES` (default: all). A schedule that cannot be built for
             these sizes (interleaved-1f1b needs microbatches a multiple of pp) is not drawn;
             the figure says why, and `fig.skipped` maps its name to the builder's reason.
@@ -160,10 +159,10 @@ def plot_frontier(
             placement (linear, V), and drawn as a curve; these searches are most of the time
             the drawing takes.
 
-    x is in whole-rank units: a microbatch through all of a rank's layers holds
-    `mem_activation`. A V or interleaved schedule has v chunks per rank, each 1/v of its
-    layers, so its simulated peak (in chunk units) is divided by v. `fig.points` lists every
-    point drawn (`FrontierPoint`), `on_frontier` set for the Pareto-optimal ones.
+    x is the simulated peak in rank-microbatches (`MEMORY_UNIT`): a microbatch through all of
+    a rank's layers holds `mem_activation`, whatever the schedule's chunks; zb-auto's points
+    sit at their peaks, at or under their limits. `fig.points` lists every point drawn
+    (`FrontierPoint`), `on_frontier` set for the Pareto-optimal ones.
     """
     costs, names, limits = _check(pp, microbatches, costs, schedules, memory_limits)
     points, skipped = _collect(pp, microbatches, costs, names, limits)
