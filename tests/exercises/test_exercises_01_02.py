@@ -1,10 +1,9 @@
 """The exercises of notebooks 01 and 02: each checker against an answer worked out here.
 
-The oracles: plain autograd graphs walked through `next_functions` (01), the notebook's
-own naive split and graphs, taken from its cells, against plain `backward()` (02.1, 02.2),
-the stepper's own table (02.3) and the parameters' sizes (02.4). Then the notebooks: every
-exercise has a check cell that waits for an answer and a folded solution the checker calls
-right.
+The oracles: plain autograd graphs walked through `next_functions` (01), the notebook's own
+naive split and graphs, taken from its cells, against plain `backward()` (02.1, 02.2), the
+stepper's own table (02.3) and the parameters' sizes (02.4). (What every exercise shares, its
+check cell and folded solution, is tested in test_exercises_all.py.)
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from zbkit.exercises import EXERCISES, check
+from zbkit.exercises import check
 from zbkit.models import TiedLM, TransformerBlock
 from zbkit.splitgrad import analyze
 
@@ -278,45 +277,3 @@ def test_02_4_the_group_with_the_most_numbers():
     assert right is False and f"holds {numbers[ranked[1]]} numbers" in why
     right, why = _judged("02.4", "mlp.0")
     assert right is False and "an int" in why
-
-
-# ----------------------------------------------------------------- every exercise
-
-
-@pytest.mark.parametrize("key", KEYS)
-def test_no_answer_says_what_to_give(key):
-    verdict = check(key, None)
-    assert verdict.right is None and "not answered yet" in repr(verdict)
-    assert EXERCISES[key].asks in verdict.why
-
-
-@pytest.mark.parametrize("key", KEYS)
-def test_a_check_leaves_the_learners_random_stream_alone(key):
-    torch.manual_seed(1)
-    expected = torch.rand(3)
-    torch.manual_seed(1)
-    check(key, 0)  # a wrong answer of some type: the checker works its answer out anyway
-    assert torch.equal(torch.rand(3), expected)
-
-
-@pytest.mark.parametrize("nb", sorted(NAMES))
-def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right(nb):
-    cells = _cells(NAMES[nb])
-    asked = {
-        i: f"{nb}.{m[1]}"
-        for i, c in enumerate(cells)
-        if (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", _source(c)))
-    }
-    keys = list(asked.values())
-    assert keys == sorted(k for k in EXERCISES if k.startswith(f"{nb}.")), keys
-    for i, key in asked.items():
-        checking, solution = cells[i + 1], cells[i + 2]
-        for cell in (checking, solution):
-            assert cell["cell_type"] == "code", f"{key}: cell {cell['id']}"
-            assert f'check("{key}", answer)' in _source(cell), f"{key}: {_source(cell)}"
-        assert "answer = None" in _source(checking), key
-        assert "not answered yet" in json.dumps(checking["outputs"]), key
-        assert _source(solution).startswith("# Worked solution (expand to read)\n"), key
-        assert solution["metadata"]["jupyter"]["source_hidden"] is True, key
-        assert "solution" in solution["metadata"]["tags"], key
-        assert f"exercise {key}: right." in json.dumps(solution["outputs"]), key

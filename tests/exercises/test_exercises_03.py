@@ -1,24 +1,20 @@
 """The exercises of notebook 03: each checker against an answer worked out here.
 
-The oracles: the papers' closed forms, computed here in exact fractions (03.4, 03.5) or
-floats (03.3, on the notebook's own paper-times row), and the simulator read directly
-(03.1, 03.2). Then the notebook: every exercise has a check cell that waits for an answer
-and a folded solution the checker calls right.
+The oracles: the papers' closed forms, computed here in exact fractions (03.4, 03.5) or floats
+(03.3, on the notebook's own paper-times row), and the simulator read directly (03.1, 03.2).
+(What every exercise shares, its check cell and folded solution, is tested in
+test_exercises_all.py.)
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 from fractions import Fraction
 from itertools import count
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from zbkit.exercises import EXERCISES, check
+from zbkit.exercises import check
 from zbkit.schedules import Costs, build_schedule, simulate
 from zbkit.schedules.paper import TABLE6
 
@@ -131,40 +127,3 @@ def test_03_5_enough_microbatches_for_a_small_1f1b_bubble():
     assert right is False and "10.00%" in why and "go up" in why
     right, why = _judged("03.5", True)
     assert right is False and "whole number" in why
-
-
-@pytest.mark.parametrize("key", KEYS)
-def test_no_answer_says_what_to_give(key):
-    verdict = check(key, None)
-    assert verdict.right is None and "not answered yet" in repr(verdict)
-    assert EXERCISES[key].asks in verdict.why
-
-
-def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right():
-    cells = _cells()
-    asked = {
-        i: f"03.{m[1]}"
-        for i, c in enumerate(cells)
-        if (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", _source(c)))
-    }
-    assert list(asked.values()) == sorted(k for k in EXERCISES if k.startswith("03.")) == KEYS
-    for i, key in asked.items():
-        checking, solution = cells[i + 1], cells[i + 2]
-        for cell in (checking, solution):
-            assert cell["cell_type"] == "code", f"{key}: cell {cell['id']}"
-            assert f'check("{key}", answer)' in _source(cell), f"{key}: {_source(cell)}"
-        assert "answer = None" in _source(checking), key
-        assert "not answered yet" in json.dumps(checking["outputs"]), key
-        assert _source(solution).startswith("# Worked solution (expand to read)\n"), key
-        assert solution["metadata"]["jupyter"]["source_hidden"] is True, key
-        assert solution["metadata"]["jupyter"]["outputs_hidden"] is True, key
-        assert "solution" in solution["metadata"]["tags"], key
-        assert f"exercise {key}: right." in json.dumps(solution["outputs"]), key
-        # the solution computes its answer: no `answer = <a literal>`
-        assigned = [
-            n.value
-            for n in ast.walk(ast.parse(_source(solution)))
-            if isinstance(n, ast.Assign)
-            and any(getattr(t, "id", "") == "answer" for t in n.targets)
-        ]
-        assert assigned and not any(isinstance(v, ast.Constant) for v in assigned), key

@@ -2,10 +2,10 @@
 
 The oracles: each rank's program walked by hand, one action after the other with the memory
 rule written out (04.1, 04.3), zb-auto's builder asked directly (04.2), the simulator read
-directly (04.4). Then the notebook: every exercise waits for an answer and has a folded
-solution the checker calls right; the sweep is drawn at the simulated peaks; the search
+directly (04.4). Then the notebook: the sweep is drawn at the simulated peaks; the search
 section prints what `explain_auto` keeps and the bounds `_bounds` computes; no trace of the
-old per-chunk rule is left.
+old per-chunk rule is left. (What every exercise shares, its check cell and folded solution,
+is tested in test_exercises_all.py.)
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any
 
 import matplotlib
 import pytest
-import torch
 
-from zbkit.exercises import EXERCISES, check
+from zbkit.exercises import check
 from zbkit.schedules import Costs, build_schedule, explain_auto, simulate
 from zbkit.schedules._bounds import lower_bound
 
@@ -130,22 +129,6 @@ def test_04_4_the_big_sweep_stops_falling_where_the_simulator_says():
     assert right is False and "outside" in why
 
 
-@pytest.mark.parametrize("key", KEYS)
-def test_no_answer_says_what_to_give(key):
-    verdict = check(key, None)
-    assert verdict.right is None and "not answered yet" in repr(verdict)
-    assert EXERCISES[key].asks in verdict.why
-
-
-@pytest.mark.parametrize("key", KEYS)
-def test_a_check_leaves_the_learners_random_stream_alone(key):
-    torch.manual_seed(1)
-    expected = torch.rand(3)
-    torch.manual_seed(1)
-    check(key, 0)
-    assert torch.equal(torch.rand(3), expected)
-
-
 # ----------------------------------------------------------------- the notebook
 
 
@@ -167,30 +150,6 @@ def _cell(cells: list[dict], marker: str) -> int:
     found = [i for i, c in enumerate(cells) if marker in _source(c)]
     assert len(found) == 1, f"{len(found)} cells hold {marker!r}"
     return found[0]
-
-
-def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right(cells):
-    asked = {
-        i: f"04.{m[1]}"
-        for i, c in enumerate(cells)
-        if (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", _source(c)))
-    }
-    assert list(asked.values()) == KEYS
-    for i, key in asked.items():
-        checking, solution = cells[i + 1], cells[i + 2]
-        for cell in (checking, solution):
-            assert cell["cell_type"] == "code", key
-            assert f'check("{key}", answer)' in _source(cell), key
-        assert "answer = None" in _source(checking), key
-        assert "not answered yet" in json.dumps(checking["outputs"]), key
-        assert _source(solution).startswith("# Worked solution (expand to read)\n"), key
-        assert solution["metadata"]["jupyter"]["source_hidden"] is True, key
-        assert solution["metadata"]["jupyter"]["outputs_hidden"] is True, key
-        assert "solution" in solution["metadata"]["tags"], key
-        assert f"exercise {key}: right." in json.dumps(solution["outputs"]), key
-        # the answer is computed, not typed: no literal after `answer =`
-        assigned = re.findall(r"^answer = (.+)$", _source(solution), flags=re.M)
-        assert assigned and not re.fullmatch(r"[-\d.\[\], ]+", assigned[-1]), key
 
 
 def test_the_old_per_chunk_rule_is_gone(cells):

@@ -1,0 +1,80 @@
+"""What every exercise of every notebook shares: a check cell that waits for an answer, a
+folded worked solution that computes its answer and is judged right, a verdict that says
+what to give when no answer is given, and checkers that leave the learner's random stream
+alone. (Each checker's own right and wrong answers are tested beside its notebook's.)
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from zbkit.exercises import EXERCISES, check
+from zbkit.exercises._core import _load
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+BOOKS = {p.name[:2]: p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
+_load()
+KEYS = sorted(EXERCISES)
+
+
+def _source(cell: dict) -> str:
+    src = cell["source"]
+    return src if isinstance(src, str) else "".join(src)
+
+
+def test_every_notebook_has_checkable_exercises() -> None:
+    assert {key[:2] for key in KEYS} == set(BOOKS), "a notebook without checkable exercises"
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_no_answer_says_what_to_give(key: str) -> None:
+    verdict = check(key, None)
+    assert verdict.right is None and "not answered yet" in repr(verdict)
+    assert EXERCISES[key].asks in verdict.why
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_check_leaves_the_learners_random_stream_alone(key: str) -> None:
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    check(key, 0)  # a wrong answer of some type: the checker works its answer out anyway
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("nb", sorted(BOOKS))
+def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right(nb: str) -> None:
+    cells = json.loads(BOOKS[nb].read_text())["cells"]
+    asked = {
+        i: f"{nb}.{m[1]}"
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "markdown"
+        and (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", _source(c)))
+    }
+    assert list(asked.values()) == [k for k in KEYS if k.startswith(f"{nb}.")], asked
+    for i, key in asked.items():
+        checking, solution = cells[i + 1], cells[i + 2]
+        for cell in (checking, solution):
+            assert cell["cell_type"] == "code", f"{key}: cell {cell['id']}"
+            assert f'check("{key}", answer)' in _source(cell), f"{key}: {_source(cell)}"
+        assert "answer = None" in _source(checking), key
+        assert "not answered yet" in json.dumps(checking["outputs"]), key
+        assert _source(solution).startswith("# Worked solution (expand to read)\n"), key
+        folded = solution["metadata"].get("jupyter", {})
+        assert folded.get("source_hidden") is True and folded.get("outputs_hidden") is True, key
+        assert "solution" in solution["metadata"].get("tags", []), key
+        assert f"exercise {key}: right." in json.dumps(solution["outputs"]), key
+        # the solution works its answer out: no `answer = <a literal>`
+        assigned = [
+            n.value
+            for n in ast.walk(ast.parse(_source(solution)))
+            if isinstance(n, ast.Assign)
+            and any(getattr(t, "id", "") == "answer" for x in n.targets for t in ast.walk(x))
+        ]
+        assert assigned and not any(isinstance(v, ast.Constant) for v in assigned), key
