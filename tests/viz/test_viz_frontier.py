@@ -131,3 +131,19 @@ def test_a_value_that_renders_reproducibly_without_pyplot():
     assert bundle["image/png"].startswith(b"\x89PNG")
     assert "pp=3, m=6" in bundle["text/plain"] and "frontier:" in bundle["text/plain"]
     assert plt.get_fignums() == []
+
+
+def test_every_schedule_has_its_own_colour_and_marker(fig):
+    # two schedules in one colour read as one (dualpipev was zb-auto (linear)'s orange)
+    from matplotlib.colors import to_hex
+
+    styles = {}
+    for line in fig.axes[0].get_lines():
+        gid = line.get_gid() or ""
+        if gid.startswith("point:"):
+            label = gid.removeprefix("point:").split("@")[0]
+            styles[label] = (to_hex(line.get_color()), line.get_marker())
+    assert len(styles) == len(SCHEDULES) + 1  # zb-auto drawn twice, once per placement
+    colours = [c for c, _ in styles.values()]
+    assert len(set(colours)) == len(colours), styles
+    assert fig.axes[0].get_ylabel() == "bubble rate (simulated)"

@@ -31,6 +31,7 @@ _STYLES = {
     "zb-v": ("#d62728", "<"),
     "v-half": ("#e377c2", "*"),
     "v-min": ("#9e1f63", "P"),
+    "dualpipev": ("#2c3e50", "d"),  # not zb-auto's orange: it sits next to that curve
     "zb-auto (linear)": ("#ff7f0e", ">"),
     "zb-auto (v)": ("#9467bd", "p"),
 }
@@ -212,7 +213,7 @@ def plot_frontier(
 
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(bottom=min(-0.02, ax.get_ylim()[0]))
-    ax.set_ylabel("bubble rate (simulate)", fontsize=9)
+    ax.set_ylabel("bubble rate (simulated)", fontsize=9)
     ax.set_xlabel(
         f"peak memory of the busiest rank, in {MEMORY_UNIT} "
         f"(x mem_activation = {costs.mem_activation:g})",
