@@ -17,6 +17,7 @@ from zbkit.schedules import (
     Action,
     Costs,
     Kind,
+    Overlap,
     Product,
     Schedule,
     ScheduleError,
@@ -91,3 +92,42 @@ def test_the_validator_knows_the_new_kind_does_i_and_w(fused_kind: Kind) -> None
     program = [["0F0", "0X0", "0W0"], ["1F0", "1X0"]]
     with pytest.raises(ScheduleError, match=r"0W0 .* computes the weight grad a second time"):
         validate(Schedule.from_program(program, [0, 1], 1))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b"])
+def test_a_new_kind_goes_through_torchs_comms_form_and_runs(fused_kind: Kind, name: str) -> None:
+    """torch's lowered form asks the table too: SEND_B follows whatever makes the input
+    gradient, REDUCE_GRAD whatever does W; the loaded file then runs as written."""
+    base = build_schedule(name, pp=2, microbatches=4)
+    fused = _renamed(base, "B", "X")
+    text = fused.to_csv(comms=True)
+    assert text == base.to_csv(comms=True).replace("B", "X").replace("SEND_X", "SEND_B").replace(
+        "RECV_X", "RECV_B"
+    )  # the same transfers around the same actions
+    loaded = Schedule.from_csv(text, stage_to_rank=fused.stage_to_rank)
+    validate(loaded)
+    assert loaded.to_csv(comms=True) == text and loaded.program == fused.program
+    mods = make_stages(base.num_stages)
+    x, y = batch(8)
+    _, expected = oracle(mods, x, y)
+    pipe = LocalPipeline(mods, loaded, loss_fn)
+    pipe.step(x, y)
+    assert_grads_match(mods, expected, f"{name} with X for B, loaded from torch's form")
+    assert sorted({e.kind for e in pipe.trace.events}) == ["F", "X"]
+
+
+def test_reduce_grad_waits_for_the_new_kind_that_does_w(fused_kind: Kind) -> None:
+    program = [["0F0", "1F0", "1X0", "0X0"]]
+    ok = Schedule.from_program(program, [0, 0], 1)
+    validate(Schedule.from_csv("0F0,1F0,1X0,0X0,0REDUCE_GRAD,1REDUCE_GRAD", stage_to_rank=[0, 0]))
+    early = "0F0,1F0,1X0,0REDUCE_GRAD,0X0,1REDUCE_GRAD"
+    with pytest.raises(ScheduleError, match="0REDUCE_GRAD comes before the last weight gradient"):
+        validate(Schedule.from_csv(early, stage_to_rank=[0, 0]))
+    assert ok.program[0][-1].info.does_weight
+
+
+def test_an_overlapped_pair_may_carry_the_new_kind(fused_kind: Kind) -> None:
+    pair = Overlap(Action(0, "F", 1), Action(1, "X", 0))
+    assert str(pair) == "0F1+1X0"
+    with pytest.raises(ValueError, match="a forward then a backward"):
+        Overlap(Action(0, "X", 1), Action(1, "F", 0))

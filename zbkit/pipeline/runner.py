@@ -109,14 +109,14 @@ class ScheduleRunner:
         self.p2p = P2P(
             group, schedule.num_stages, schedule.microbatches, device, timeout, f"rank {rank}"
         )
-        # the plan position after which each stage's gradients are final (its last W or B)
-        # (the last action doing the W part of the work, from the KINDS table: W or B)
+        # the plan position after which each stage's gradients are final: its last action
+        # doing the W part of the work (the KINDS table's `does_weight`: W or B)
         last_backward = {
             a.stage: i
             for i, item in enumerate(self.plan)
             if not isinstance(item, Comm)
             for a in item.halves
-            if "W" in a.info.parts
+            if a.info.does_weight
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
         self._agreed = False  # the ranks agree on the schedule at the first step

@@ -37,7 +37,7 @@ from typing import Any
 
 from zbkit.pipeline.trace import MemorySample, Trace
 from zbkit.schedules import Event, Schedule
-from zbkit.schedules.action import Action, Overlap
+from zbkit.schedules.action import Action, Overlap, Product
 
 __all__ = ["TorchRecorder", "schedule_of_trace", "trace_torch"]
 
@@ -216,7 +216,8 @@ def schedule_of_trace(trace: Trace, stage_to_rank: list[int], name: str = "trace
         nxt = events[i + 1] if i + 1 < len(events) else None
         if e.paired and nxt is not None and nxt.paired and nxt.rank == e.rank:
             b = Action(nxt.stage, nxt.kind, nxt.microbatch)
-            program[e.rank].append(Overlap(a, b) if a.kind == "F" else Overlap(b, a))
+            forward_first = a.info.makes is Product.ACT  # the half making activations
+            program[e.rank].append(Overlap(a, b) if forward_first else Overlap(b, a))
             i += 2
             continue
         program[e.rank].append(a)

@@ -57,8 +57,10 @@ class Kind:
     run: str  # the executor method that runs it: StepState.run_<run> (pipeline/_execute.py)
 
     @property
-    def time(self) -> tuple[str, ...]:  # the old name of `parts`
-        return self.parts
+    def does_weight(self) -> bool:
+        """Whether it does the W part of the work (W, B): a stage's gradients are final after
+        its last such action (FSDP's REDUCE_GRAD, data-parallel averaging wait for it)."""
+        return "W" in self.parts
 
     def needs_of(self, stage: int, num_stages: int) -> list[tuple[Product, int]]:
         """(product, producing stage) this kind waits for at `stage`, inside the pipeline."""
@@ -180,9 +182,6 @@ _set_stage = Action.__dict__["stage"].__set__
 _set_kind = Action.__dict__["kind"].__set__
 _set_microbatch = Action.__dict__["microbatch"].__set__
 
-# the backward kinds an overlapped pair may carry: those that make an input gradient
-_PAIRED = tuple(k.letter for k in kinds_making(Product.GRAD))
-
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -201,9 +200,11 @@ class Overlap:
             raise TypeError(
                 f"an Overlap pairs two Actions, got {self.forward!r}, {self.backward!r}"
             )
-        if self.forward.kind != "F" or self.backward.kind not in _PAIRED:
+        # from the table: the forward half makes activations, the backward an input gradient
+        if self.forward.info.makes is not Product.ACT or self.backward.info.makes is not _GRAD:
+            paired = " or ".join(k.letter for k in kinds_making(_GRAD))
             raise ValueError(
-                f"an overlapped pair is a forward then a backward ({' or '.join(_PAIRED)}), "
+                f"an overlapped pair is a forward then a backward ({paired}), "
                 f"got {self.forward} and {self.backward}"
             )
 

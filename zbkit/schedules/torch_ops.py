@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from zbkit.schedules.action import Product, kinds_making
+
 __all__ = ["TorchOp", "TorchOpKind", "check_torch_ops", "derive_torch_ops", "parse_torch_op"]
 
 
@@ -70,19 +72,19 @@ def parse_torch_op(text: str) -> TorchOp | None:
     return TorchOp(int(stage), kind, int(mb) if mb else None)
 
 
-# transfer kind -> (the compute it follows or precedes, stage offset of its partner, partner)
+# transfer kind -> (what it carries, stage offset of its partner, partner); the compute it
+# follows or precedes is whatever kind makes that product (the KINDS table: F; I or B)
 _SEND_RECV = {
-    TorchOpKind.SEND_F: ("F", +1, TorchOpKind.RECV_F),
-    TorchOpKind.RECV_F: ("F", -1, TorchOpKind.SEND_F),
-    TorchOpKind.SEND_B: ("IB", -1, TorchOpKind.RECV_B),
-    TorchOpKind.RECV_B: ("IB", +1, TorchOpKind.SEND_B),
+    TorchOpKind.SEND_F: (Product.ACT, +1, TorchOpKind.RECV_F),
+    TorchOpKind.RECV_F: (Product.ACT, -1, TorchOpKind.SEND_F),
+    TorchOpKind.SEND_B: (Product.GRAD, -1, TorchOpKind.RECV_B),
+    TorchOpKind.RECV_B: (Product.GRAD, +1, TorchOpKind.SEND_B),
 }
 
 
 def derive_torch_ops(schedule) -> dict[int, list[tuple[int, TorchOp]]]:
     """The transfers of `derive_plan`, in torch's words and places: what torch's runtime
     needs to run this schedule in its compute_comms form (no FSDP actions)."""
-    from zbkit.schedules.action import Product
     from zbkit.schedules.plan import Comm, CommOp, derive_plan
 
     out: dict[int, list[tuple[int, TorchOp]]] = {}
@@ -95,9 +97,9 @@ def derive_torch_ops(schedule) -> dict[int, list[tuple[int, TorchOp]]]:
             act = step.what is Product.ACT
             if step.op is CommOp.RECV:
                 kind, stage = (TorchOpKind.RECV_F if act else TorchOpKind.RECV_B), step.stage
-            else:  # torch names a send by the stage that produced it
+            else:  # torch names a send by the stage that produced it (`to` stages before)
                 kind = TorchOpKind.SEND_F if act else TorchOpKind.SEND_B
-                stage = step.stage - 1 if act else step.stage + 1
+                stage = step.stage - kinds_making(step.what)[0].to
             ops.append((slot, TorchOp(stage, kind, step.microbatch)))
         out[rank] = ops
     return out
@@ -139,7 +141,8 @@ def check_torch_ops(schedule) -> None:
 
 
 def _check_transfer(op, rank, slot, at, seen, where, n, fail) -> None:
-    compute, offset, partner = _SEND_RECV[op.kind]
+    product, offset, partner = _SEND_RECV[op.kind]
+    compute = [k.letter for k in kinds_making(product)]
     other = op.stage + offset
     if not 0 <= other < n or where[other] == rank:
         raise fail(rank, op, f"has no other rank to talk to (stage {other} is not on another rank)")
@@ -188,7 +191,7 @@ def _check_fsdp(schedule, fail) -> None:
         last_weight: dict[int, int] = {}
         for pos, item in enumerate(items):
             for a in item.halves:
-                if a.kind in ("W", "B"):
+                if a.info.does_weight:
                     last_weight[a.stage] = pos
         for pos in range(len(items) + 1):
             for op in by_slot.get(pos, []):
