@@ -13,7 +13,7 @@ per pipeline per step), ``--chrome-trace FILE``. ``--backend`` defaults to nccl 
 available, else gloo.
 
 The world is laid out as ``dp = world / pp`` pipelines of ``pp`` consecutive ranks
-(``zbkit.pipeline.pp_dp_groups``). Each rank builds the whole model (same seed), cuts it into
+(``zbkit.parallel.pp_dp_groups``). Each rank builds the whole model (same seed), cuts it into
 the schedule's stages (``zbkit.models.split_stages``; zb-v has two per rank, in a V) and keeps
 its own. The rank holding the last stage of pipeline 0 prints the loss of every step (the
 mean over all pipelines' data) and, at the end, the last step's bubble as measured next to
@@ -32,7 +32,8 @@ from _gpt import add_backend_argument, build_model, counting_batch, cross_entrop
 
 import zbkit.debug
 from zbkit.models import split_stages
-from zbkit.pipeline import PipelineStage, ScheduleRunner, pp_dp_groups
+from zbkit.parallel import pp_dp_groups
+from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.schedules import SCHEDULES, build_schedule, simulate
 from zbkit.schedules.measure import hop_latency, measured_costs
 

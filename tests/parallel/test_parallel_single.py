@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from zbkit.parallel import (
     BACKENDS,
-    BackendFactory,
     DDPBackend,
     SingleBackend,
     TrainingBackend,
@@ -183,23 +182,6 @@ def test_registry_is_a_plain_dict_and_options_are_checked() -> None:
         create_backend("fsdp", bucket_cap_mb=1)
     ddp = create_backend("ddp", grad_accum_steps=3, bucket_cap_mb=1)
     assert isinstance(ddp, DDPBackend) and ddp.grad_accum_steps == 3
-
-
-def test_backend_factory_is_a_deprecated_view_of_the_dict() -> None:
-    with pytest.warns(DeprecationWarning, match="plain dict zbkit.parallel.BACKENDS"):
-        assert BackendFactory.names() == sorted(BACKENDS)
-    with pytest.warns(DeprecationWarning, match="use create_backend"):
-        assert isinstance(BackendFactory.create("single"), SingleBackend)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="'fsdp' is already"):
-        BackendFactory.register("fsdp")(SingleBackend)  # even before fsdp is imported
-    with pytest.warns(DeprecationWarning, match="BACKENDS\\[name\\] = cls"):
-        BackendFactory.register("test-old")(SingleBackend)
-    try:
-        assert BACKENDS["test-old"] is SingleBackend
-    finally:
-        with pytest.warns(DeprecationWarning, match="del BACKENDS"):
-            BackendFactory.unregister("test-old")
-    assert "test-old" not in BACKENDS
 
 
 def test_ddp_backend_errors_without_a_process_group() -> None:

@@ -100,7 +100,7 @@ def check_schedules(cases: list[tuple[str, int]], backend: str = "gloo") -> list
 def check_pp_dp(names: list[str], m: int, backend: str = "gloo") -> list[dict]:
     """PP x DP = 2 x 2: each replica trains on its half of the batch; the averaged gradients
     equal one full-batch step on the whole batch."""
-    from zbkit.pipeline import pp_dp_groups
+    from zbkit.parallel import pp_dp_groups
 
     dev = _device(backend)
     pp_group, dp_group, pp_rank, dp_rank = pp_dp_groups(pp=2, dp=2)

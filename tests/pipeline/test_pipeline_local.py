@@ -60,8 +60,10 @@ def test_memory_record_equals_simulator_peak(name: str) -> None:
     pipe = LocalPipeline(make_stages(sch.num_stages), sch, loss_fn)
     pipe.step(*batch(16))
     for costs in (Costs(), Costs(mem_activation=1.0, mem_weight=0.5)):
-        measured = pipe.trace.peak_for(costs.mem_activation, costs.mem_weight)
+        measured = pipe.trace.peak_for(costs)
         assert measured == simulate(sch, costs).peak_memory, (name, costs)
+    with pytest.raises(TypeError, match=r"peak_for\(Costs\(mem_activation=1.0"):
+        pipe.trace.peak_for(1.0)  # type: ignore[arg-type]
     # the trace has one event per action, in each rank's program order
     for rank in sch.program:  # an overlapped pair: its two halves, marked as paired
         got = [(e.stage, e.kind, e.microbatch) for e in pipe.trace.events if e.rank == rank]

@@ -19,7 +19,7 @@ from zbkit.parallel._comm_stats import CommStats
 from zbkit.parallel.accumulate import AccumOptimizer, AccumScheduler, AccumulatingLoader
 from zbkit.parallel.average import PendingAverage, average_gradients
 from zbkit.parallel.backends import DDPBackend, SingleBackend, TrainingBackend
-from zbkit.parallel.factory import BACKENDS, BackendFactory, create_backend
+from zbkit.parallel.factory import BACKENDS, create_backend
 from zbkit.parallel.process_group import (
     get_local_rank,
     get_rank,
@@ -34,7 +34,6 @@ __all__ = [
     "AccumOptimizer",
     "AccumScheduler",
     "AccumulatingLoader",
-    "BackendFactory",
     "CommStats",
     "DDPBackend",
     "FSDPBackend",

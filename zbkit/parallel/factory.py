@@ -8,13 +8,12 @@ train with k = 1).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from zbkit.parallel.backends import DDPBackend, SingleBackend, TrainingBackend
 
-__all__ = ["BACKENDS", "BackendFactory", "create_backend"]
+__all__ = ["BACKENDS", "create_backend"]
 
 
 def _fsdp() -> type[TrainingBackend]:
@@ -41,43 +40,3 @@ def create_backend(name: str, **options: Any) -> TrainingBackend:
     backend_cls: type[TrainingBackend] = entry if isinstance(entry, type) else entry()
     backend_cls.check_options(options)
     return backend_cls(**options)
-
-
-def _moved(old: str, new: str) -> None:
-    warnings.warn(
-        f"BackendFactory.{old} is deprecated: the registry is the plain dict "
-        f"zbkit.parallel.BACKENDS; use {new}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
-class BackendFactory:
-    """Deprecated: the old registry class, kept as a thin view of `BACKENDS`."""
-
-    @staticmethod
-    def names() -> list[str]:
-        _moved("names()", "sorted(BACKENDS)")
-        return sorted(BACKENDS)
-
-    @staticmethod
-    def create(name: str, **options: Any) -> TrainingBackend:
-        _moved("create(...)", "create_backend(...)")
-        return create_backend(name, **options)
-
-    @staticmethod
-    def register(name: str) -> Callable[[type[TrainingBackend]], type[TrainingBackend]]:
-        _moved("register(name)", "BACKENDS[name] = cls")
-
-        def add(backend_cls: type[TrainingBackend]) -> type[TrainingBackend]:
-            if name in BACKENDS:
-                raise ValueError(f"backend {name!r} is already registered: pick another name")
-            BACKENDS[name] = backend_cls
-            return backend_cls
-
-        return add
-
-    @staticmethod
-    def unregister(name: str) -> None:
-        _moved("unregister(name)", "del BACKENDS[name]")
-        del BACKENDS[name]

@@ -26,7 +26,6 @@ On 4 ranks (``launch(fn, nprocs=4)``, a ``Cluster`` or ``torchrun``), inside ``f
     trace = runner.gather_trace()         # every rank's events, one clock
 """
 
-from zbkit.parallel import pp_dp_groups  # re-exported: it lives with the other process groups
 from zbkit.pipeline._comms import CommTimeout
 from zbkit.pipeline.local import LocalPipeline
 from zbkit.pipeline.runner import ScheduleRunner
@@ -49,7 +48,6 @@ __all__ = [
     "SyntheticStage",
     "TorchRecorder",
     "Trace",
-    "pp_dp_groups",
     "schedule_of_trace",
     "trace_torch",
 ]

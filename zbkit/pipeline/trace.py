@@ -105,22 +105,15 @@ class Trace:
 
     # ------------------------------------------------------------------ memory
     def memory_for(
-        self,
-        costs: Costs | list[Costs] | float | None = None,
-        mem_weight: float | None = None,
-        *,
-        mem_activation: float | None = None,
+        self, costs: Costs | list[Costs] | None = None
     ) -> list[list[tuple[float, float]]]:
-        """Per rank: (time, memory held) steps, the measured counts weighted by ``costs``.
-
-        ``costs``: one ``Costs`` or one per stage (default ``self.costs``, else ``Costs()``);
-        the older form ``memory_for(mem_activation, mem_weight)`` still works.
-        """
-        if isinstance(costs, int | float) or mem_activation is not None or mem_weight is not None:
-            # the older form
-            if mem_activation is None:
-                mem_activation = costs if isinstance(costs, int | float) else 1.0
-            costs = Costs(mem_activation=mem_activation, mem_weight=mem_weight or 0.0)
+        """Per rank: (time, memory held) steps, the measured counts weighted by ``costs``:
+        one ``Costs`` or one per stage (default ``self.costs``, else ``Costs()``)."""
+        if not (costs is None or isinstance(costs, Costs | list)):
+            raise TypeError(
+                f"weigh a trace's memory with a Costs (or one per stage), e.g. "
+                f"trace.peak_for(Costs(mem_activation=1.0, mem_weight=0.3)), got {costs!r}"
+            )
         weights = (self.costs if costs is None else costs) or Costs()  # one, or one per stage
         events: dict[int, list[Event]] = {}
         for e in sorted(self.events, key=lambda e: (e.rank, e.start)):
@@ -158,15 +151,9 @@ class Trace:
         """Per rank: (time, memory held), weighted by ``self.costs`` (default ``Costs()``)."""
         return self.memory_for()
 
-    def peak_for(
-        self,
-        costs: Costs | list[Costs] | float | None = None,
-        mem_weight: float | None = None,
-        *,
-        mem_activation: float | None = None,
-    ) -> list[float]:
+    def peak_for(self, costs: Costs | list[Costs] | None = None) -> list[float]:
         """Per rank: the most memory held at once, weighted as ``memory_for`` weighs it."""
-        steps = self.memory_for(costs, mem_weight, mem_activation=mem_activation)
+        steps = self.memory_for(costs)
         return [max((h for _, h in per_rank), default=0.0) for per_rank in steps]
 
     @property
