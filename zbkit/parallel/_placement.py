@@ -8,15 +8,6 @@ import torch.distributed as dist
 from zbkit.parallel.process_group import get_local_rank
 
 
-def require_process_group(backend_name: str) -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            f"the {backend_name} backend needs a process group: call "
-            f"zbkit.parallel.init_distributed() in a script started by torchrun, or run inside "
-            f"zbkit.launch(...); for one process use create_backend('single')"
-        )
-
-
 def place_replica(model: torch.nn.Module, group: dist.ProcessGroup | None) -> torch.device | None:
     """Move `model` to this rank's GPU when it needs one; returns that device, or None (CPU)."""
     device = replica_device(

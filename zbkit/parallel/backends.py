@@ -26,14 +26,14 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 
 from zbkit.parallel._comm_stats import CommStats, counting_allreduce_hook
-from zbkit.parallel._placement import place_replica, require_process_group
+from zbkit.parallel._placement import place_replica
 from zbkit.parallel.accumulate import (
     AccumOptimizer,
     AccumScheduler,
     AccumulatingLoader,
     GradientWindow,
 )
-from zbkit.parallel.process_group import get_world_size
+from zbkit.parallel.process_group import get_world_size, require_process_group
 
 
 class TrainingBackend:
@@ -257,7 +257,7 @@ class DDPBackend(TrainingBackend):
         return sorted(["grad_accum_steps", *extra])
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        require_process_group("ddp")
+        require_process_group("the ddp backend", alone="create_backend('single')")
         device = place_replica(model, self._ddp_options.get("process_group"))
         if device is None:  # CPU replica: gloo, and no device_ids at all
             ddp = DDP(model, **self._ddp_options)

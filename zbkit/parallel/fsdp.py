@@ -31,8 +31,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.optim import Optimizer
 
 from zbkit.parallel._comm_stats import CommStats, count_reduce_scatter
-from zbkit.parallel._placement import place_replica, require_process_group
+from zbkit.parallel._placement import place_replica
 from zbkit.parallel.backends import TrainingBackend
+from zbkit.parallel.process_group import require_process_group
 
 
 def _tensors(output: Any) -> Iterator[torch.Tensor]:
@@ -97,7 +98,7 @@ class FSDPBackend(TrainingBackend):
         return prepared
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        require_process_group("fsdp")
+        require_process_group("the fsdp backend", alone="create_backend('single')")
         if isinstance(model, FSDPModule):
             raise TypeError(
                 "prepare() got a model already sharded with fully_shard; pass the plain module"

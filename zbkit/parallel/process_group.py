@@ -55,6 +55,29 @@ def _is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def require_process_group(who: str, alone: str = "") -> None:
+    """Raise RuntimeError unless a process group is up, naming ``who`` needs one, how to get
+    one, and (``alone``) what to use in one process instead. The one such check in zbkit."""
+    if _is_initialized():
+        return
+    instead = f"; for one process use {alone}" if alone else ""
+    raise RuntimeError(
+        f"{who} needs a process group: run inside zbkit.launch(...) or a Cluster, or call "
+        f"zbkit.parallel.init_distributed() in a script started by torchrun{instead}"
+    )
+
+
+def new_group(ranks: list[int], *, members_only: bool = False) -> dist.ProcessGroup:
+    """A process group of ``ranks``; zbkit's one place that makes one.
+
+    By default every rank of the world must call this, in the same order (torch's rule for
+    ``new_group``). ``members_only=True``: only ``ranks`` call it (torch's
+    ``use_local_synchronization``), for groups one pipeline makes for itself while the
+    other replicas make theirs.
+    """
+    return dist.new_group(ranks, use_local_synchronization=members_only)
+
+
 def get_rank() -> int:
     """Global rank of this process (0 with no process group and no torchrun environment)."""
     if _is_initialized():
@@ -176,16 +199,12 @@ def pp_dp_groups(pp: int, dp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup
                       pipeline 1: ranks 2 3                {1, 3, 5} (second stages)
                       pipeline 2: ranks 4 5
     """
-    if not _is_initialized():
-        raise RuntimeError(
-            "pp_dp_groups needs a process group: run inside zbkit.launch(...) or a Cluster, "
-            "or call zbkit.parallel.init_distributed() in a script started by torchrun"
-        )
+    require_process_group("pp_dp_groups")
     world, rank = dist.get_world_size(), dist.get_rank()
     if pp * dp != world:
         raise ValueError(f"pp={pp} x dp={dp} = {pp * dp} ranks, but the world has {world}")
     # Every rank creates every group, in the same order (new_group is collective), and
     # keeps the two it belongs to.
-    pp_groups = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
-    dp_groups = [dist.new_group(list(range(p, world, pp))) for p in range(pp)]
+    pp_groups = [new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
+    dp_groups = [new_group(list(range(p, world, pp))) for p in range(pp)]
     return pp_groups[rank // pp], dp_groups[rank % pp], rank % pp, rank // pp

@@ -19,6 +19,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from zbkit.parallel.process_group import new_group
 from zbkit.pipeline._shapes import META_BYTES, Meta, pack, unpack
 from zbkit.schedules.action import Product
 from zbkit.schedules.plan import Comm, CommOp
@@ -48,12 +49,12 @@ class P2P:
         microbatches: int,
         device: torch.device,
         timeout: float,
-        where: str,
+        who: str,
     ) -> None:
         self.group = group
         self.device = device
         self._seconds = timeout
-        self.where = where  # e.g. "rank 1", prefixed to every error
+        self.who = who  # who speaks in every error, e.g. "rank 1"
         self.batched = dist.get_backend(group) == "nccl"
         # NCCL runs the p2p ops between two ranks in issue order on one stream and ignores
         # tags, so activations (flowing down) and gradients (flowing up) get a communicator
@@ -63,7 +64,7 @@ class P2P:
         if self.batched:
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
             for what in self._channel:
-                self._channel[what] = dist.new_group(ranks, use_local_synchronization=True)
+                self._channel[what] = new_group(ranks, members_only=True)
         self._num_stages = num_stages
         self._microbatches = microbatches
         if 2 * num_stages * microbatches * _SLOTS >= _META_BASE:
@@ -161,14 +162,14 @@ class P2P:
         or one carrying ``None`` values (their names are in the agreed shapes; no data)."""
         meta = Meta.of(tensors)
         if len(meta.names) > _SLOTS:
-            raise ValueError(f"{self.where}: {comm} carries {len(meta.names)} tensors (max 64)")
+            raise ValueError(f"{self.who}: {comm} carries {len(meta.names)} tensors (max 64)")
         agreed = self._sent_meta.get((comm.what, comm.stage))
         if agreed is None:
             self._sent_meta[(comm.what, comm.stage)] = meta
             self._post(CommOp.SEND, comm, [pack(meta, self.device)], [self._meta_tag(comm)])
         elif meta != agreed:
             raise ValueError(
-                f"{self.where}: {comm} has tensors {{{meta.describe()}}} but the first "
+                f"{self.who}: {comm} has tensors {{{meta.describe()}}} but the first "
                 f"message on that edge had {{{agreed.describe()}}}. Shapes are agreed once, on "
                 "the first step: every microbatch of a stage must produce the same names, "
                 "shapes and dtypes; for a new batch shape call runner.forget_shapes() on every "
@@ -301,13 +302,13 @@ class P2P:
         detail = detail.split(". ", 1)[0][:200]  # the first sentence says what happened
         if "timed out" in detail.lower() or "timeout" in detail.lower():
             text = (
-                f"{self.where}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
+                f"{self.who}: gave up after {self.timeout:g} s {comm.explain()}. Rank "
                 f"{comm.peer} may have failed (see its error), be stuck earlier in its "
                 "program, or run another schedule."
             )
         else:
             text = (
-                f"{self.where}: the connection to rank {comm.peer} failed while "
+                f"{self.who}: the connection to rank {comm.peer} failed while "
                 f"{comm.explain()} (not a timeout): rank {comm.peer} probably failed or "
                 "exited; its own error is the cause."
             )

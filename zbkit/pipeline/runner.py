@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from zbkit.parallel import average_gradients
+from zbkit.parallel.process_group import require_process_group
 from zbkit.pipeline._agree import agree_on_schedule
 from zbkit.pipeline._batch import split_batch
 from zbkit.pipeline._comms import P2P, CommTimeout
@@ -74,11 +75,7 @@ class ScheduleRunner:
         timeout: float = 60.0,
         barrier: bool = False,
     ) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "ScheduleRunner needs torch.distributed: run it under zbkit.launch, a Cluster "
-                "or torchrun (or use LocalPipeline for every stage in one process)"
-            )
+        require_process_group("ScheduleRunner", alone="LocalPipeline (every stage in it)")
         schedule = expect_schedule(schedule, "ScheduleRunner")
         check_loss_fn(loss_fn, "ScheduleRunner")
         validate(schedule)  # a broken program would only show up as timeouts
