@@ -1,6 +1,8 @@
-"""The Zero Bubble paper's own heuristic for one stage per rank, with its bubble budget.
+"""The Zero Bubble paper's construction (`sweep`) and its repo's heuristic (`heuristic`), for
+one stage per rank: two policies over one timeline (`_timeline.Timeline`), which places each
+action they pick, holds its memory, keeps the Ws owed and runs them to make room.
 
-`sweep` (in `_build_greedy`) is the paper's construction at a warm-up chosen from a list.
+`sweep` is the paper's construction at a warm-up chosen from a list (see its docstring).
 The reference implementation (sail-sg/zero-bubble-pipeline-parallelism, its `zb.py`)
 adds three ideas that the sweep leaves out, and this builder follows them:
 
@@ -28,11 +30,160 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules._build_greedy import SPLIT, Slower, _tables, fastest_variant
+from zbkit.schedules._timeline import TOL, Slower, Timeline, fastest_variant
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
-_EPS = 1e-9
+__all__ = ["Slower", "best_heuristic", "heuristic", "sweep"]
+
+
+def _fill_gap(tl: Timeline, s: int, ready: float, share: float) -> None:
+    """sweep's W rule: pending Ws into the wait for an input arriving at `ready`; a W that
+    overruns it only if the wait is at least `share` of the W."""
+    w = tl.dur[s]["W"]
+    while tl.pending[s]:
+        gap = ready - tl.free[s]
+        if gap <= TOL or (w > gap + TOL and gap < share * w):
+            return
+        tl.place_w(s)
+
+
+def sweep(
+    costs: list[Costs],
+    m: int,
+    memory_limit: float,
+    warmup: list[int],
+    fill: float = 0.0,
+    tail_fill: float | None = None,
+    actions: bool = True,
+) -> tuple[dict[int, list[Action]], float]:
+    """The paper's construction, microbatch by microbatch; one stage per rank (rank = stage).
+
+    Round i goes down the pipeline, each stage running forwards until it is `warmup[s]`
+    ahead of i (round 0 is the warm-up: `warmup[s]` forwards before the first I; later
+    rounds add one F each), then up the pipeline, each stage running I_i. Stages are
+    visited in dependency order, so when an F or I is placed the time its input arrives
+    is already known, and Ws go exactly into the gaps: while the F/I would wait, the
+    oldest pending W runs if it fits the wait, or if the wait is at least `fill` * W (a W
+    that overruns delays the F/I a little, but is done now rather than at the end).
+    `tail_fill` replaces `fill` once a stage has run all its forwards (the cool-down).
+    Ws also run whenever the next action would go over `memory_limit`.
+
+    Returns (program per rank, cost); cost is the longest rank span (first start to last
+    end), the same number `simulate` computes for the program. `actions=False` skips
+    building the program (a search only needs the cost) and returns it empty.
+    """
+    p = len(costs)
+    tail = fill if tail_fill is None else tail_fill
+    tl = Timeline(costs, range(p), m, memory_limit, record=actions)
+    done_f = tl.count["F"]
+    for i in range(m):
+        for s in range(p):  # down: forwards
+            target = min(m, i + warmup[s])
+            while done_f[s] < target and (s == 0 or done_f[s] < done_f[s - 1]):
+                ready = tl.arrival(s, "F", done_f[s]) or 0.0
+                _fill_gap(tl, s, ready, fill if done_f[s] < m else tail)
+                if not tl.make_room(s, "F"):
+                    break
+                tl.place(s, "F")
+            if done_f[s] <= i:  # I_i needs F_i
+                raise ValueError(
+                    f"memory_limit={memory_limit:g} leaves stage {s} no room for forward {i}"
+                )
+        for s in reversed(range(p)):  # up: input gradients
+            _fill_gap(tl, s, tl.arrival(s, "I", i) or 0.0, fill if done_f[s] < m else tail)
+            if not tl.make_room(s, "I"):
+                raise ValueError(f"memory_limit={memory_limit:g} too small for stage {s}'s I")
+            tl.place(s, "I", i)
+    tl.drain()  # cool-down: the Ws still owed
+    return tl.program, tl.span()
+
+
+# ---- the reference repo's heuristic ---------------------------------------------------------
+
+
+def _room(tl: Timeline, s: int, kind: str) -> None:
+    if not tl.make_room(s, kind):
+        raise ValueError(f"memory_limit={tl.limit:g}: stage {s} has no room for {kind}")
+
+
+def _fill_wait(tl: Timeline, s: int, arrival: float, overrun: bool) -> None:
+    """Ws into the wait for an input arriving at `arrival`; then maybe one that overruns
+    (idea 3: when the wait is longer than the idle time this stage may still take for free)."""
+    while tl.pending[s] and tl.free[s] + tl.dur[s]["W"] <= arrival + TOL:
+        tl.place_w(s)
+    if tl.pending[s] and tl.free[s] < arrival - TOL:
+        room = tl.worst - tl.idle[s]
+        if overrun or arrival - tl.free[s] > room:
+            tl.place_w(s)
+
+
+def _warmup(tl: Timeline, early: bool) -> None:
+    """Idea 1: F_0 down, the forwards each stage fits before I_0's gradient comes back
+    (each stage fewer than the one before it), then I_0 up."""
+    p, m, dur, mem, comm, done_f = len(tl.free), tl.m, tl.dur, tl.mem, tl.comm, tl.count["F"]
+    for s in range(p):
+        tl.place(s, "F")
+    extra = [0] * p  # forwards each stage runs before I_0
+    back = (tl.end["F"][p - 1][0] or 0.0) + dur[p - 1]["I"]  # when I_0 ends on the stage below
+    for s in reversed(range(p - 1)):
+        arrival, t, h = back + comm[s], tl.free[s], tl.held[s]
+        while done_f[s] + extra[s] < m and h + mem[s]["F"] <= tl.limit + TOL:
+            if (t + dur[s]["F"] > arrival) if early else (t >= arrival):
+                break
+            t, h, extra[s] = t + dur[s]["F"], h + mem[s]["F"], extra[s] + 1
+        back = max(t, arrival) + dur[s]["I"]
+    for s in range(1, p):  # each stage warms up less than the one before it
+        while extra[s] > 0 and extra[s] >= extra[s - 1]:
+            extra[s] -= 1
+    for s in range(p):
+        for _ in range(extra[s]):
+            _room(tl, s, "F")
+            tl.place(s, "F")
+    for s in reversed(range(p)):
+        _room(tl, s, "I")
+        tl.place(s, "I")
+
+
+def _skips(tl: Timeline, s: int) -> bool:
+    """Idea 2: whether stage s, two or more forwards ahead of the next, skips its forward
+    this round (it would delay the input gradient coming back and waiting costs less)."""
+    nxt, dur, done = s + 1, tl.dur, tl.count
+    # the next stage would send I's gradient back after its own F and I
+    back = tl.free[nxt] + dur[nxt]["F"] + dur[nxt]["I"] + tl.comm[s]
+    if tl.free[s] >= back:
+        return True
+    room, ws, n = tl.held[s] + tl.mem[s]["F"], 0.0, 0  # the Ws this F would need first
+    while room > tl.limit + TOL and done["W"][s] + n < done["I"][s]:
+        room, ws, n = room + tl.mem[s]["W"], ws + dur[s]["W"], n + 1
+    if tl.free[s] + dur[s]["F"] + ws <= back:
+        return False  # the F fits before the gradient arrives: run it
+    return back - tl.free[s] <= tl.worst - tl.idle[s]  # waiting costs less idle time
+
+
+def _round(tl: Timeline, i: int, skip: bool, overrun: bool) -> None:
+    """Steady state, round i: one more F down (where wanted), then I_i up."""
+    p, m, done_f = len(tl.free), tl.m, tl.count["F"]
+    want = [done_f[s] < m for s in range(p)]
+    for s in range(p - 1) if skip else ():
+        if want[s] and done_f[s] >= done_f[s + 1] + 2 and _skips(tl, s):
+            want[s] = False
+    for s in reversed(range(p - 1)):  # a forward is only useful if later stages run one
+        want[s] = want[s] and want[s + 1]
+    for s in range(p):
+        if want[s]:
+            _room(tl, s, "F")
+            if s > 0:
+                _fill_wait(tl, s, tl.arrival(s, "F", done_f[s]) or 0.0, overrun)
+            tl.place(s, "F")
+    for s in reversed(range(p)):
+        _room(tl, s, "I")
+        if s < p - 1:
+            _fill_wait(tl, s, tl.arrival(s, "I", i) or 0.0, overrun)
+        if s == 0 and done_f[s] == m:
+            while tl.pending[s]:  # nothing else to do on the first stage: drain
+                tl.place_w(s)
+        tl.place(s, "I")
 
 
 def heuristic(
@@ -52,122 +203,13 @@ def heuristic(
     `Slower` once a stage's span must exceed `give_up`.
     """
     p = len(costs)
-    dur, mem = _tables(costs)
-    comm = [c.comm for c in costs]
-    done = {k: [0] * p for k in SPLIT}  # actions of each kind placed, per stage
-    end = {k: [[0.0] * m for _ in range(p)] for k in SPLIT}  # when each action ended
-    busy_until = [0.0] * p
-    held = [0.0] * p
-    bubble = [0.0] * p  # idle time on each stage since its first forward
-    first = [0.0] * p
-    program: dict[int, list[Action]] = {s: [] for s in range(p)}
-    work = [m * sum(dur[s].values()) for s in range(p)]  # a stage's span is work + bubble
-    give_up += 1e-9 * max(1.0, give_up) if give_up < math.inf else 0.0
-
-    def ready(s: int, kind: str, j: int) -> float:
-        """When the input of (s, kind, j) arrives from another stage (0: none needed)."""
-        if kind == "F" and s > 0:
-            return end["F"][s - 1][j] + comm[s]
-        if kind == "I" and s < p - 1:
-            return end["I"][s + 1][j] + comm[s]
-        return 0.0
-
-    def put(s: int, kind: str) -> None:
-        j = done[kind][s]
-        start = max(busy_until[s], ready(s, kind, j))
-        if done["F"][s]:
-            bubble[s] += start - busy_until[s]
-            if work[s] + bubble[s] > give_up:
-                raise Slower(f"stage {s}: work {work[s]:.6g} + bubble {bubble[s]:.6g}")
-        elif kind == "F":
-            first[s] = start
-        busy_until[s] = end[kind][s][j] = start + dur[s][kind]
-        held[s] += mem[s][kind]
-        done[kind][s] += 1
-        program[s].append(Action(s, kind, j))
-
-    def pending(s: int) -> bool:
-        return done["W"][s] < done["I"][s]
-
-    def make_room(s: int, kind: str) -> None:
-        while held[s] + mem[s][kind] > memory_limit + _EPS:
-            if not pending(s):
-                raise ValueError(f"memory_limit={memory_limit:g}: stage {s} has no room for {kind}")
-            put(s, "W")
-
-    def fill_wait(s: int, arrival: float) -> None:
-        """Ws into the wait for an input arriving at `arrival`; then maybe one that overruns."""
-        while pending(s) and busy_until[s] + dur[s]["W"] <= arrival + _EPS:
-            put(s, "W")
-        if pending(s) and busy_until[s] < arrival - _EPS:
-            room = max(bubble) - bubble[s]  # idle time this stage may still take for free
-            if overrun or arrival - busy_until[s] > room:
-                put(s, "W")
-
-    # ---- warm-up: F_0 down, the derived forwards, then I_0 up ----
-    for s in range(p):
-        put(s, "F")
-    extra = [0] * p  # forwards each stage runs before I_0
-    back = end["F"][p - 1][0] + dur[p - 1]["I"]  # when I_0 ends on the stage below
-    for s in reversed(range(p - 1)):
-        arrival, t, h = back + comm[s], busy_until[s], held[s]
-        while done["F"][s] + extra[s] < m and h + mem[s]["F"] <= memory_limit + _EPS:
-            if (t + dur[s]["F"] > arrival) if early else (t >= arrival):
-                break
-            t, h, extra[s] = t + dur[s]["F"], h + mem[s]["F"], extra[s] + 1
-        back = max(t, arrival) + dur[s]["I"]
-    for s in range(1, p):  # each stage warms up less than the one before it
-        while extra[s] > 0 and extra[s] >= extra[s - 1]:
-            extra[s] -= 1
-    for s in range(p):
-        for _ in range(extra[s]):
-            make_room(s, "F")
-            put(s, "F")
-    for s in reversed(range(p)):
-        make_room(s, "I")
-        put(s, "I")
-
-    # ---- steady state: round i runs one more F down (where wanted), then I_i up ----
+    tl = Timeline(costs, range(p), m, memory_limit, give_up)
+    _warmup(tl, early)
     for i in range(1, m):
-        want = [done["F"][s] < m for s in range(p)]
-        for s in range(p - 1) if skip else ():
-            if not want[s] or done["F"][s] < done["F"][s + 1] + 2:
-                continue
-            # the next stage would send I's gradient back after its own F and I
-            back = busy_until[s + 1] + dur[s + 1]["F"] + dur[s + 1]["I"] + comm[s]
-            if busy_until[s] >= back:
-                want[s] = False
-                continue
-            room, ws, n = held[s] + mem[s]["F"], 0.0, 0  # the Ws this F would need first
-            while room > memory_limit + _EPS and done["W"][s] + n < done["I"][s]:
-                room, ws, n = room + mem[s]["W"], ws + dur[s]["W"], n + 1
-            if busy_until[s] + dur[s]["F"] + ws <= back:
-                continue  # the F fits before the gradient arrives: run it
-            if back - busy_until[s] <= max(bubble) - bubble[s]:
-                want[s] = False  # waiting costs less idle time than the worst stage has
-        for s in reversed(range(p - 1)):  # a forward is only useful if later stages run one
-            want[s] = want[s] and want[s + 1]
-        for s in range(p):
-            if want[s]:
-                make_room(s, "F")
-                if s > 0:
-                    fill_wait(s, ready(s, "F", done["F"][s]))
-                put(s, "F")
-        for s in reversed(range(p)):
-            make_room(s, "I")
-            if s < p - 1:
-                fill_wait(s, ready(s, "I", i))
-            if s == 0 and done["F"][s] == m:
-                while pending(s):  # nothing else to do on the first stage: drain
-                    put(s, "W")
-            put(s, "I")
-
-    # ---- cool-down: the Ws still owed ----
-    for s in range(p):
-        while pending(s):
-            put(s, "W")
-    assert all(done[k][s] == m for k in SPLIT for s in range(p)), f"counts {done}"
-    return program, max(busy_until[s] - first[s] for s in range(p))
+        _round(tl, i, skip, overrun)
+    tl.drain()  # cool-down: the Ws still owed
+    assert all(n == m for counts in tl.count.values() for n in counts), f"counts {tl.count}"
+    return tl.program, tl.span()
 
 
 def best_heuristic(

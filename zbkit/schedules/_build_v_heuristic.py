@@ -32,73 +32,40 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 
-from zbkit.schedules._build_greedy import SPLIT, Slower, _tables, fastest_variant
+from zbkit.schedules._timeline import TOL, Slower, Timeline, fastest_variant
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
-_EPS = 1e-9
-_BEFORE = {("F", 1): ("F", 0), ("I", 0): ("F", 1), ("I", 1): ("I", 0)}  # on the same rank
-
-
-def _own_input(key: tuple[int, str, int]) -> tuple[int, str, int] | None:
-    """(rank, kind, leg) of what `key`'s action needs first on its own rank, or None."""
-    before = _BEFORE.get(key[1:])
-    return None if before is None else (key[0], *before)
-
 
 class _Build:
-    """One build (phases 1-4) for one variant and one set of approved bubbles."""
+    """One build (phases 1-4) for one variant and one set of approved bubbles: a policy that
+    picks (rank, kind, leg) and asks the timeline to place it."""
 
     def __init__(
         self, costs: list[Costs], m: int, limit: float, approved: list[float], give_up: float
     ):
         p = len(costs) // 2
-        self.p, self.m, self.limit, self.give_up = p, m, limit, give_up
-        dur, mem = _tables(costs)
-        # per rank and leg: the stage it is, and its durations and memory changes
-        self.stage = {
-            (r, k, leg): (r if (leg == 0) == (k == "F") else 2 * p - 1 - r)
-            for r in range(p)
-            for k in SPLIT
-            for leg in (0, 1)
-        }
-        self.dur = {key: dur[s][key[1]] for key, s in self.stage.items()}
-        self.mem = {key: mem[s][key[1]] for key, s in self.stage.items()}
-        self.comm = [costs[r].comm for r in range(p)]
-        self.count = {key: 0 for key in self.stage}
-        self.end: dict[tuple[int, str, int, int], float] = {}  # (rank, kind, leg, j) -> end
-        self.free = [0.0] * p  # when each rank is next free
-        self.held = [0.0] * p
-        self.bubble = [0.0] * p
-        self.worst = 0.0  # the largest bubble
-        self.work = [
-            m * sum(self.dur[r, k, leg] for k in SPLIT for leg in (0, 1)) for r in range(p)
-        ]
-        self.first = [0.0] * p
-        self.pending: list[deque] = [deque() for _ in range(p)]  # legs of the Ws owed
-        self.order: list[list[tuple[int, str, int]]] = [[] for _ in range(p)]  # (stage, kind, j)
+        self.p, self.m, self.limit = p, m, limit
+        self.tl = Timeline(costs, [s if s < p else 2 * p - 1 - s for s in range(2 * p)], m,
+                           limit, give_up)  # fmt: skip
+        self.comm = self.tl.comm
         self.approved = approved
         self.most_approved = max(approved)
-        # per (rank, kind, leg), read once per action: stage, duration, memory change, and
-        # the key prefix of what it needs on its own rank (None: nothing)
-        self.info = {
-            key: (
-                self.stage[key],
-                self.dur[key],
-                self.mem[key],
-                (key[0], "I", key[2]) if key[1] == "W" else _own_input(key),
-            )
-            for key in self.stage
-        }
-        self.started = [False] * p  # whether the rank ran its first forward
 
     # ---- the rank's bookkeeping ----
 
+    def stage(self, r: int, kind: str, leg: int) -> int:
+        """Leg 0 of the forwards runs on the down stage r, leg 0 of the backwards on the up
+        stage 2p-1-r (nearest the loss); W follows its I."""
+        return r if (leg == 0) == (kind == "F") else 2 * self.p - 1 - r
+
+    def count(self, r: int, kind: str, leg: int) -> int:
+        return self.tl.count[kind][self.stage(r, kind, leg)]
+
     def source(self, r: int, kind: str, leg: int) -> tuple[int, str, int, int] | None:
         """The action whose output (r, kind, leg)'s next microbatch needs from another rank."""
-        j = self.count[r, kind, leg]
+        j = self.count(r, kind, leg)
         if kind == "W":
             return None
         if leg == 0 and r > 0:
@@ -107,92 +74,74 @@ class _Build:
             return (r + 1, kind, 1, j)
         return None
 
+    def ended(self, src: tuple[int, str, int, int] | None) -> float | None:
+        """When (rank, kind, leg, j) ended (None: not placed)."""
+        if src is None:
+            return None
+        return self.tl.end[src[1]][self.stage(*src[:3])][src[3]]
+
     def arrival(self, src: tuple[int, str, int, int] | None) -> float:
         """When `src`'s output arrives (-1 while it has not run). With no source the
         reference reads its last action's end (a quirk kept so the schedules agree)."""
         if src is None:
             src = (self.p - 1, "W", 1, self.m - 1)
-        return self.end.get(src, -1.0) + self.comm[src[0]]
+        end = self.ended(src)
+        return (-1.0 if end is None else end) + self.comm[src[0]]
 
     def worst_bubble(self, r: int = -1) -> float:
         if r < 0:
-            return self.worst
-        return max(self.worst, self.most_approved - self.approved[r])
+            return self.tl.worst
+        return max(self.tl.worst, self.most_approved - self.approved[r])
 
     def put(self, r: int, kind: str, leg: int) -> None:
-        key = (r, kind, leg)
-        stage, dur, mem, before = self.info[key]
-        j = self.count[key]
+        tl, stage = self.tl, self.stage(r, kind, leg)
+        j = tl.count[kind][stage]
         if j >= self.m:
             raise ValueError(f"rank {r}: no {kind} left on leg {leg}")
-        if self.held[r] + mem > self.limit + _EPS:
+        if not tl.fits(stage, kind):
             raise ValueError(f"memory_limit={self.limit:g}: rank {r} has no room for {kind}")
-        end = self.end
-        if before is not None and before + (j,) not in end:
-            raise ValueError(f"rank {r}: {kind} {j} on leg {leg} before its own input")
-        free = start = self.free[r]
-        if kind != "W" and (r > 0 if leg == 0 else r < self.p - 1):
-            src = (r - 1 if leg == 0 else r + 1, kind, leg, j)
-            ready = end.get(src)
-            if ready is None:
-                raise ValueError(f"rank {r}: {kind} {j} on leg {leg} before its input")
-            ready += self.comm[src[0]]
-            if ready > start:
-                start = ready
-        if self.started[r]:
-            if start > free:
-                bubble = self.bubble[r] = self.bubble[r] + start - free
-                if bubble > self.worst:
-                    self.worst = bubble
-                if self.work[r] + bubble > self.give_up:
-                    raise Slower(f"rank {r}: work {self.work[r]:.6g} + bubble {bubble:.6g}")
-        elif kind == "F":
-            self.first[r] = start
-            self.started[r] = leg == 0 or self.started[r]
-        self.free[r] = end[r, kind, leg, j] = start + dur
-        self.held[r] += mem
-        self.count[key] = j + 1
-        if kind == "I":
-            self.pending[r].append(leg)
-        self.order[r].append((stage, kind, j))
+        missing = [s for s, k in tl.inputs[kind][stage] if tl.end[k][s][j] is None]
+        if missing:
+            own = " own" if any(tl.where[s] == r for s in missing) else ""
+            raise ValueError(f"rank {r}: {kind} {j} on leg {leg} before its{own} input")
+        tl.place(stage, kind, j)
 
     def put_w(self, r: int) -> None:
-        if not self.pending[r]:
-            raise ValueError(f"memory_limit={self.limit:g}: rank {r} has no W to free memory")
-        self.put(r, "W", self.pending[r].popleft())
+        self.tl.place_w(r)
 
     def make_room(self, r: int, kind: str, leg: int) -> None:
-        while self.held[r] + self.mem[r, kind, leg] > self.limit + _EPS:
+        stage = self.stage(r, kind, leg)
+        while not self.tl.fits(stage, kind):
             self.put_w(r)
 
     def fill_wait(self, r: int, kind: str, leg: int, overrun: bool) -> None:
         """Ws into the wait for (r, kind, leg)'s input; one more if `overrun` and the wait is
         longer than the room this rank has before its bubble reaches the worst rank's."""
-        src = self.source(r, kind, leg)
+        tl, src = self.tl, self.source(r, kind, leg)
         arrival = self.arrival(src)
-        while src is not None and self.pending[r]:
-            w = self.dur[r, "W", self.pending[r][0]]
-            if arrival < self.free[r] + w - _EPS:
+        while src is not None and tl.pending[r]:
+            w = tl.dur[tl.pending[r][0][0]]["W"]
+            if arrival < tl.free[r] + w - TOL:
                 break
             self.put_w(r)
-        room = self.worst_bubble(r) - self.bubble[r]
-        if self.pending[r] and overrun and arrival - self.free[r] > room + _EPS:
+        room = self.worst_bubble(r) - tl.idle[r]
+        if tl.pending[r] and overrun and arrival - tl.free[r] > room + TOL:
             self.put_w(r)
 
     # ---- the four phases ----
 
     def run(self, fill_i: bool, fill_f: bool) -> None:
-        p, m, count = self.p, self.m, self.count
+        p, m, count, tl = self.p, self.m, self.count, self.tl
         for r in range(p):
             self.put(r, "F", 0)
         for r in reversed(range(p)):  # warm-up: leg-0 Fs until the leg-1 input is due
             if r < p - 1:
-                due = self.end[r + 1, "F", 1, 0] + self.comm[r + 1]
-                room = self.mem[r, "F", 0] * (2 + 2 * r)
+                due = (self.ended((r + 1, "F", 1, 0)) or 0.0) + self.comm[r + 1]
+                room = tl.mem[r]["F"] * (2 + 2 * r)
                 while (
-                    self.held[r] + room <= self.limit + _EPS
-                    and self.free[r] + self.dur[r, "F", 0] <= due + _EPS
-                    and count[r, "F", 0] < m
+                    tl.held[r] + room <= self.limit + TOL
+                    and tl.free[r] + tl.dur[r]["F"] <= due + TOL
+                    and count(r, "F", 0) < m
                 ):
                     for q in range(r + 1):
                         self.put(q, "F", 0)
@@ -201,19 +150,20 @@ class _Build:
         for r in range(1, p):  # fill: no rank runs fewer forwards than the one before it
             while self._behind(r):
                 for q in reversed(range(r, p)):
-                    if count[q, "F", leg] < m:
+                    if count(q, "F", leg) < m:
                         self.put(q, "F", leg)
                 leg = 1 - leg
         for _ in range(2 * m):
             self._round(fill_i, fill_f)
-        for r in range(p):
-            while self.pending[r]:
-                self.put_w(r)
+        tl.drain()
 
     def _behind(self, r: int) -> bool:
         c, m = self.count, self.m
-        mine, before = c[r, "F", 0] + c[r, "F", 1], c[r - 1, "F", 0] + c[r - 1, "F", 1]
-        return mine < before or c[r, "F", 1] <= c[r - 1, "F", 1] < m
+        mine, before = c(r, "F", 0) + c(r, "F", 1), c(r - 1, "F", 0) + c(r - 1, "F", 1)
+        return mine < before or c(r, "F", 1) <= c(r - 1, "F", 1) < m
+
+    def _has_input(self, r: int, kind: str, leg: int) -> bool:
+        return self.ended(self.source(r, kind, leg)) is not None
 
     def _round(self, fill_i: bool, fill_f: bool) -> None:
         p, m, count = self.p, self.m, self.count
@@ -221,9 +171,9 @@ class _Build:
             self.make_room(r, "I", 0)
         up, down = [], []  # ranks whose I this round is on leg 1 / leg 0
         for r in range(p):
-            if count[r, "I", 1] >= count[r, "I", 0]:
+            if count(r, "I", 1) >= count(r, "I", 0):
                 down.append(r)
-            elif r == p - 1 or count[r, "I", 0] >= m or self.source(r, "I", 1) in self.end:
+            elif r == p - 1 or count(r, "I", 0) >= m or self._has_input(r, "I", 1):
                 up.append(r)
             else:
                 down.append(r)
@@ -240,21 +190,15 @@ class _Build:
 
     def _next_forward(self, r: int) -> int | None:
         c, m, p = self.count, self.m, self.p
-        if c[r, "F", 1] >= m:
+        if c(r, "F", 1) >= m:
             return None
-        if c[r, "F", 1] >= c[r, "F", 0] or r == p - 1:
-            return 0 if c[r, "F", 1] >= c[r, "F", 0] else 1
-        if self.source(r, "F", 1) in self.end:
+        if c(r, "F", 1) >= c(r, "F", 0) or r == p - 1:
+            return 0 if c(r, "F", 1) >= c(r, "F", 0) else 1
+        if self._has_input(r, "F", 1):
             return 1
-        if c[r, "F", 0] < m and (r == 0 or self.source(r, "F", 0) in self.end):
+        if c(r, "F", 0) < m and (r == 0 or self._has_input(r, "F", 0)):
             return 0
         return None
-
-    def span(self) -> float:
-        return max(self.free[r] - self.first[r] for r in range(self.p))
-
-    def program(self) -> dict[int, list[Action]]:
-        return {r: [Action(*a) for a in actions] for r, actions in enumerate(self.order)}
 
 
 def v_heuristic(
@@ -270,7 +214,6 @@ def v_heuristic(
     ValueError if the first build cannot meet `memory_limit`; `Slower` if it must end
     slower than `give_up` (a rebuild that must is dropped)."""
     p = len(costs) // 2
-    give_up += 1e-9 * max(1.0, give_up) if give_up < math.inf else 0.0
     approved, best = [-1.0] * p, None
     while True:
         build = _Build(costs, m, memory_limit, approved, give_up)
@@ -280,13 +223,13 @@ def v_heuristic(
             if best is None:
                 raise
             break
-        if best is None or build.worst < best.worst:
+        if best is None or build.tl.worst < best.tl.worst:
             best = build
-        if approved[0] >= 0 and not build.worst < max(approved):
+        if approved[0] >= 0 and not build.tl.worst < max(approved):
             break
-        approved = list(build.bubble)
-        give_up = min(give_up, best.span() + 1e-9 * max(1.0, best.span()))
-    return best.program(), best.span()
+        approved = list(build.tl.idle)
+        give_up = min(give_up, best.tl.span())
+    return best.tl.program, best.tl.span()
 
 
 def best_v_heuristic(

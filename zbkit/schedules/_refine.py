@@ -31,12 +31,12 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from zbkit.schedules import _engine
-from zbkit.schedules._build_greedy import sweep
-from zbkit.schedules.action import KINDS, Action
+from zbkit.schedules._build_heuristic import sweep
+from zbkit.schedules._timeline import TOL, keyed_costs, running_peak
+from zbkit.schedules.action import Action
+from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import Costs
 
-_EPS = 1e-9
 # (fill, tail_fill) for `sweep`: a W goes into any gap / a gap half its size / only where it fits
 _FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]
 _REFINE_PASSES = 2
@@ -55,16 +55,11 @@ def _score(times: dict[int, list[tuple[float, float]]]) -> tuple[float, float]:
 
 
 def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] < b[0] - _EPS or (a[0] <= b[0] + _EPS and a[1] < b[1] - _EPS)
+    return a[0] < b[0] - TOL or (a[0] <= b[0] + TOL and a[1] < b[1] - TOL)
 
 
 def _fits(actions: list[Action], delta: dict[tuple[int, str], float], limit: float) -> bool:
-    held = 0.0
-    for a in actions:
-        held += delta[a.stage, a.kind]
-        if held > limit + _EPS:
-            return False
-    return True
+    return running_peak(delta[a.stage, a.kind] for a in actions) <= limit + TOL
 
 
 def _late_ws(
@@ -98,11 +93,11 @@ def _late_ws(
         if k > 0 and source is not None:
             prev = program[r][k - 1]
             p_start, p_end = times[r][k - 1]
-            if prev.kind == "W" and p_start < arrival - _EPS and p_end > arrival + _EPS:
+            if prev.kind == "W" and p_start < arrival - TOL and p_end > arrival + TOL:
                 late.setdefault(r, []).append(k - 1)  # deferring it lets `a` start on arrival
                 r, k = source
                 continue
-        if source is not None and arrival >= start - _EPS:
+        if source is not None and arrival >= start - TOL:
             r, k = source  # `a` waited for its input: the path goes through the sender
         else:
             k -= 1  # `a` waited for its own rank: the path goes through the previous action
@@ -117,8 +112,7 @@ def defer_late_ws(
     Never slower than `schedule`; a rank it reorders stays under `memory_limit`.
     `rounds` bounds the number of engine runs (each one times the whole schedule).
     """
-    durations = {(s, k): c.duration(k) for s, c in enumerate(costs) for k in KINDS}
-    delta = {(s, k): c.memory(k) for s, c in enumerate(costs) for k in KINDS}
+    durations, delta = keyed_costs(costs)
     comm = [c.comm for c in costs]
     best = schedule
     try:
@@ -146,7 +140,7 @@ def defer_late_ws(
         except _engine.Stuck:
             break
         trial_score = _score(times)
-        if trial_score[0] > score[0] + _EPS:
+        if trial_score[0] > score[0] + TOL:
             break  # the path moved somewhere a deferred W now hurts
         # an equal longest span is kept as a step: the next rank's slip shows only now
         current = trial
@@ -161,7 +155,7 @@ def defer_late_ws(
 def _warmups(p: int, m: int, costs: list[Costs], limit: float) -> list[list[int]]:
     """Warm-up shapes to try: forwards per rank before its first I."""
     # how many activations fit under the limit (I leaves mem_weight behind, W frees it)
-    cap = [m if c.memory("F") <= 0 else int((limit + 1e-9) // c.memory("F")) for c in costs]
+    cap = [m if c.memory("F") <= 0 else int((limit + TOL) // c.memory("F")) for c in costs]
     # microbatch 0 alone: F goes down, I comes back up; rank r starts at f_start[r] and
     # can run its I_0 at i_start[r], so (i_start - f_start) / F forwards fill the wait
     f_start, t = [], 0.0
@@ -176,8 +170,8 @@ def _warmups(p: int, m: int, costs: list[Costs], limit: float) -> list[list[int]
     shapes = [
         [p - r for r in range(p)],  # 1F1B's (and ZB-H1's): p - r
         [2 * (p - r) - 1 for r in range(p)],  # ZB-H2's: 2(p - r) - 1
-        [math.floor(f + 1e-9) for f in fits],  # fill the wait for I_0 without delaying it
-        [math.ceil(f - 1e-9) for f in fits],  # fill it without a gap (I_0 a little late)
+        [math.floor(f + TOL) for f in fits],  # fill the wait for I_0 without delaying it
+        [math.ceil(f - TOL) for f in fits],  # fill it without a gap (I_0 a little late)
         cap,  # as many as memory allows
     ]
     unique: list[list[int]] = []
@@ -226,7 +220,7 @@ def best_sweep(costs: list[Costs], m: int, limit: float) -> dict[int, list[Actio
                     trial[r] += step
                     ok = trial[r] >= 1 and (r == 0 or trial[r] <= trial[r - 1])
                     ok = ok and (r == pp - 1 or trial[r + 1] <= trial[r])
-                    if ok and attempt(trial, fill, tail) < attempt(w, fill, tail) - 1e-9:
+                    if ok and attempt(trial, fill, tail) < attempt(w, fill, tail) - TOL:
                         w, improved = trial, True
             if not improved:
                 break

@@ -1,0 +1,226 @@
+"""One timeline for every searched builder: the rules once, the choice of the next action apart.
+
+A builder of zb-auto (`greedy`, `sweep`, `heuristic`, the V heuristic) is a *policy*: it
+only decides which action a rank runs next. What follows from that decision is the same for
+all of them and lives here, in `Timeline`, read from the `KINDS` table and one cost table:
+
+  readiness   when an action's inputs are there (`arrival`): the end of each action it
+              waits for (`Kind.needs`), plus `comm` when that ran on another rank;
+  placing     `place`: it starts when its rank is free and its inputs are there, and ends
+              its duration later; the rank's free time moves to that end;
+  memory      `held` per rank, changed by `Costs.memory` (the one memory rule); `fits`
+              asks whether an action stays under the limit, `make_room` runs the oldest
+              pending W until it does;
+  pending Ws  each I leaves a W owed on its rank (`pending`, oldest first);
+  giving up   a rank's span is its work plus its idle time, and idle time only grows: once
+              that sum passes the bound, the build cannot win (`Slower`).
+
+The simulator's engine (`_engine.run`) walks a finished program by the same rules;
+tests/schedules/test_schedules_timeline.py places random programs with both and compares.
+`TOL` is the one tolerance the searches compare times and memory with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
+
+from zbkit.schedules.action import KINDS, PARTS, Action, Product, kinds_making
+from zbkit.schedules.costs import Costs
+
+TOL = 1e-9  # times and memory closer than this are equal (float sums of the same costs)
+
+Program = dict[int, list[Action]]
+
+
+class Slower(Exception):
+    """A build gave up: a rank's span is sure to exceed the bound (the message says how)."""
+
+
+def beyond(bound: float) -> float:
+    """`bound` plus the tolerance, relative to its size: a span up to it is not slower."""
+    return bound + TOL * max(1.0, abs(bound)) if bound < math.inf else bound
+
+
+def cost_table(
+    costs: Sequence[Costs], kinds: Iterable[str] = KINDS
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Per stage and kind: duration and memory change, from `Costs` (looked up ~10^4 times
+    per schedule, so read once)."""
+    kinds = tuple(kinds)
+    return (
+        [{k: c.duration(k) for k in kinds} for c in costs],
+        [{k: c.memory(k) for k in kinds} for c in costs],
+    )
+
+
+def keyed_costs(
+    costs: Sequence[Costs],
+) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
+    """(durations, memory changes) keyed by (stage, kind) for every kind of `KINDS`: what the
+    engine (`_engine.run`) and the memory checks of a finished program read."""
+    dur, mem = cost_table(costs)
+    return (
+        {(s, k): d for s, row in enumerate(dur) for k, d in row.items()},
+        {(s, k): d for s, row in enumerate(mem) for k, d in row.items()},
+    )
+
+
+def running_peak(deltas: Iterable[float]) -> float:
+    """The most a rank holds (at least 0) running its memory changes in order: one action
+    at a time, so the running maximum is the peak, whatever the timing."""
+    return max(0.0, max(accumulate(deltas), default=0.0))
+
+
+def inputs(
+    stage: int, kind: str, num_stages: int, kinds: Sequence[str] = PARTS
+) -> list[tuple[int, str]]:
+    """(stage, kind) of the actions `kind` at `stage` waits for (same microbatch), as the
+    `KINDS` table says; each product is taken from the first of `kinds` that makes it."""
+    maker = {p: next(k.letter for k in kinds_making(p) if k.letter in kinds) for p in Product}
+    return [(s, maker[p]) for p, s in KINDS[kind].needs_of(stage, num_stages)]
+
+
+def fastest_variant(
+    variants: Iterable[tuple], build: Callable[..., tuple[Program, float]], give_up: float
+) -> Program:
+    """The program of `build(*variant, beat)` with the shortest longest rank span, each
+    variant told to give up (`Slower`) once it must end slower than the best so far:
+    ValueError if none fits, `Slower` if none can end within `give_up`; ties keep the first."""
+    best: tuple[Program, float] | None = None
+    why, slower = "", None
+    for variant in variants:
+        beat = min(give_up, best[1]) if best else give_up
+        try:
+            program, span = build(*variant, beat)
+        except ValueError as err:
+            why = str(err)
+            continue
+        except Slower as err:
+            slower = err
+            continue
+        if best is None or span < best[1] - TOL * max(1.0, abs(span)):
+            best = (program, span)
+    if best is None:
+        raise slower or ValueError(why)
+    return best[0]
+
+
+class Timeline:
+    """The ranks' timelines as a policy places actions, one at a time (module docstring).
+
+    Read-only for the policy: `end[kind][stage][j]` (None until placed), `count[kind][stage]`
+    (placed so far), and per rank `free`, `held`, `first` (first start), `idle` (time waited
+    since then), `pending` (the (stage, microbatch) of Ws owed, oldest first), `program`.
+    """
+
+    def __init__(
+        self,
+        costs: Sequence[Costs],
+        stage_to_rank: Sequence[int],
+        m: int,
+        limit: float = math.inf,
+        give_up: float = math.inf,
+        record: bool = True,
+    ) -> None:
+        self.where, self.m, self.limit, self.record = list(stage_to_rank), m, limit, record
+        n, p = len(self.where), max(self.where) + 1
+        self.dur, self.mem = cost_table(costs, PARTS)
+        self.comm = [c.comm for c in costs]
+        self.inputs = {k: [inputs(s, k, n) for s in range(n)] for k in PARTS}
+        self.end: dict[str, list[list[float | None]]] = {
+            k: [[None] * m for _ in range(n)] for k in PARTS
+        }
+        self.count = {k: [0] * n for k in PARTS}
+        self.free = [0.0] * p
+        self.held = [0.0] * p
+        self.first: list[float | None] = [None] * p
+        self.idle = [0.0] * p
+        self.worst = 0.0  # the largest idle time of any rank
+        self.work = [0.0] * p  # what each rank must compute: its span is work + idle
+        for s, r in enumerate(self.where):
+            self.work[r] += m * sum(self.dur[s].values())
+        self.bound = beyond(give_up)
+        self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
+        self.program: Program = {r: [] for r in range(p)}
+        self.placed = 0  # actions placed, all ranks
+
+    def arrival(self, stage: int, kind: str, j: int) -> float | None:
+        """When the inputs of (stage, kind, j) are all there (0.0: it needs none), or None
+        while one of them is not placed yet."""
+        t, r = 0.0, self.where[stage]
+        for s, k in self.inputs[kind][stage]:
+            e = self.end[k][s][j]
+            if e is None:
+                return None
+            if self.where[s] != r:
+                e += self.comm[stage]
+            if e > t:
+                t = e
+        return t
+
+    def fits(self, stage: int, kind: str, extra: float = 0.0) -> bool:
+        """Whether running (stage, kind) keeps its rank's memory (plus `extra`) under the limit."""
+        return self.held[self.where[stage]] + self.mem[stage][kind] + extra <= self.limit + TOL
+
+    def place(self, stage: int, kind: str, j: int | None = None, at: float | None = None) -> float:
+        """Run (stage, kind, j) (j: the next microbatch of that kind) as early as its rank
+        and its inputs allow, or at `at` (an event-driven policy decides at event times,
+        inputs within `TOL` of it counting as there); returns its end. `Slower` if its
+        rank's span must now pass the bound; ValueError if an input is not placed yet."""
+        r = self.where[stage]
+        j = self.count[kind][stage] if j is None else j
+        ready = self.arrival(stage, kind, j)
+        if ready is None:
+            raise ValueError(f"rank {r}: {stage}{kind}{j} placed before its inputs")
+        free = self.free[r]
+        start = (free if free > ready else ready) if at is None else at
+        if self.first[r] is None:
+            self.first[r] = start
+        else:  # idle time since the rank's first action only grows: so does work + idle
+            if start > free:
+                self.idle[r] += start - free
+                self.worst = max(self.worst, self.idle[r])
+            if self.work[r] + self.idle[r] > self.bound:
+                idle = self.idle[r]
+                raise Slower(
+                    f"rank {r}: work {self.work[r]:.6g} + idle {idle:.6g} by t={start:.6g}"
+                )
+        self.free[r] = end = start + self.dur[stage][kind]
+        self.end[kind][stage][j] = end
+        self.held[r] += self.mem[stage][kind]
+        self.count[kind][stage] += 1
+        self.placed += 1
+        if kind == "I":
+            self.pending[r].append((stage, j))
+        if self.record:
+            self.program[r].append(Action.trusted(stage, kind, j))
+        return end
+
+    def place_w(self, rank: int) -> float:
+        """Run the rank's oldest pending W."""
+        if not self.pending[rank]:
+            raise ValueError(f"memory_limit={self.limit:g}: rank {rank} has no W to free memory")
+        stage, j = self.pending[rank].popleft()
+        return self.place(stage, "W", j)
+
+    def make_room(self, stage: int, kind: str) -> bool:
+        """Run the oldest pending Ws until (stage, kind) fits; False if it cannot."""
+        r = self.where[stage]
+        while not self.fits(stage, kind):
+            if not self.pending[r]:
+                return False
+            self.place_w(r)
+        return True
+
+    def drain(self) -> None:
+        """The cool-down: every rank runs the Ws it still owes."""
+        for r, owed in enumerate(self.pending):
+            while owed:
+                self.place_w(r)
+
+    def span(self) -> float:
+        """The longest rank span (first start to last end): what zb-auto minimises."""
+        return max(self.free[r] - (f or 0.0) for r, f in enumerate(self.first))
