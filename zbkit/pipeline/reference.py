@@ -16,7 +16,12 @@ import torch
 from torch import nn
 
 from zbkit.schedules import Schedule, simulate, validate
-from zbkit.splitgrad import stage_backward_full, stage_backward_input, stage_backward_weight
+from zbkit.splitgrad import (
+    PendingWeight,
+    stage_backward_full,
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -38,7 +43,7 @@ def run_schedule(
     ys = target.chunk(m)
     held: dict[tuple[int, int], tuple[Tensors, Tensors]] = {}  # F's inputs and outputs
     grad_in: dict[tuple[int, int], Tensors] = {}  # gradients sent up to stage s by s + 1
-    pending: dict[tuple[int, int], object] = {}  # what W needs, kept from I
+    pending: dict[tuple[int, int], PendingWeight] = {}  # what W needs, kept from I
     losses: list[torch.Tensor] = [torch.zeros(())] * m
 
     def forward(s: int, j: int) -> None:
@@ -74,7 +79,7 @@ def run_schedule(
         send_up(s, j, names, result.input_grads)
 
     def backward_weight(s: int, j: int) -> None:
-        stage_backward_weight(stages[s].parameters(), pending.pop((s, j)))  # type: ignore[arg-type]
+        stage_backward_weight(stages[s].parameters(), pending.pop((s, j)))
 
     def backward(s: int, j: int) -> None:
         outs, grads, names, xs_ = roots(s, j)
