@@ -29,13 +29,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import accumulate
 
 from zbkit.schedules import _engine
 from zbkit.schedules._bounds import lower_bound
-from zbkit.schedules._build_greedy import Slower
 from zbkit.schedules._candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
-from zbkit.schedules.action import KINDS
+from zbkit.schedules._timeline import TOL, Slower, beyond, keyed_costs, running_peak
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.costs import per_stage as costs_per_stage
 from zbkit.schedules.schedule import Schedule, ScheduleError
@@ -128,9 +126,8 @@ def _search(problem: Problem, name: str) -> AutoSearch:
     candidates = CANDIDATES[problem.placement]
     where, m, limit = problem.stage_to_rank, problem.m, problem.limit
     bound = lower_bound(where, m, problem.costs, limit, problem.placement)
-    reached = bound + 1e-9 * max(1.0, bound)  # a span this short is optimal
-    durations = {(s, k): c.duration(k) for s, c in enumerate(problem.costs) for k in KINDS}
-    delta = {(s, k): c.memory(k) for s, c in enumerate(problem.costs) for k in KINDS}
+    reached = beyond(bound)  # a span this short is optimal
+    durations, delta = keyed_costs(problem.costs)
     comm = [c.comm for c in problem.costs]
 
     rows: dict[int, Tried] = {}
@@ -152,14 +149,11 @@ def _search(problem: Problem, name: str) -> AutoSearch:
             best = candidates[min(scored)[2]].name
             rows[i] = Tried(candidate, None, None, f"stopped: slower than {best} ({err})")
             continue
-        # one action at a time per rank: its peak is the running maximum of its changes
         peak = max(
-            (max(accumulate(delta[a.stage, a.kind] for a in actions), default=0.0)
-             for actions in program.values()),
+            (running_peak(delta[a.stage, a.kind] for a in actions) for actions in program.values()),
             default=0.0,
-        )  # fmt: skip
-        peak = max(peak, 0.0)
-        if peak > limit + 1e-9:
+        )
+        if peak > limit + TOL:
             rows[i] = Tried(candidate, None, peak, "over the limit")
             continue
         try:

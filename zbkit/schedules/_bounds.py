@@ -20,6 +20,7 @@ The last three assume every stage costs the same (else only the busy bound is us
 
 from __future__ import annotations
 
+from zbkit.schedules._timeline import TOL
 from zbkit.schedules.costs import Costs
 
 
@@ -35,7 +36,7 @@ def _forwards_held(limit: float, c: Costs, m: int) -> int:
     """How many activations fit under `limit` (all of them if an F holds nothing)."""
     if c.mem_activation <= 0:
         return m
-    return max(0, min(m, int((limit + 1e-9) // c.mem_activation)))
+    return max(0, min(m, int((limit + TOL) // c.mem_activation)))
 
 
 def rank0(p: int, m: int, c: Costs, limit: float) -> float:
@@ -48,7 +49,7 @@ def rank0(p: int, m: int, c: Costs, limit: float) -> float:
     trip = (p - 1) * (c.F + c.I + 2 * c.comm)
     fill = 0.0
     for r in range(1, k0 + 1):
-        room = limit + 1e-9 - r * c.mem_activation
+        room = limit + TOL - r * c.mem_activation
         owed = m - r if c.mem_weight <= 0 else min(m - r, int(room // c.mem_weight))
         fill = max(fill, (r - 1) * c.I + (r - 1 + owed) * c.W)
     end_idle = max(0.0, trip - fill)

@@ -27,12 +27,16 @@ from __future__ import annotations
 from bisect import bisect
 from itertools import accumulate
 
-from zbkit.schedules.action import Action
+from zbkit.schedules._timeline import inputs
+from zbkit.schedules.action import PARTS, Action
+from zbkit.schedules.costs import Costs
 
 Key = tuple[int, str, int]  # (stage, kind, microbatch)
 Line = list[Key | None]  # one rank's passes by slot (None: a free slot)
 Slots = dict[tuple[int, str], list[int]]  # slot[stage, kind][microbatch]: when that pass runs
-HOLDS = {"F": 1, "I": 0, "W": -1}  # activations held, as the paper counts: from F until W
+# activations held, as the paper counts them (held from F until W): the one memory rule,
+# `Costs.memory`, with an activation and what I leaves for W both one unit (F +1, I 0, W -1)
+HOLDS = {k: Costs(mem_activation=1.0, mem_weight=1.0).memory(k) for k in PARTS}
 
 # Speed: pp=64, m=512 is 200k passes, so each step works on whole lists (a rank's timeline,
 # a stage's slots) with comprehensions, slices and itertools, not pass by pass in a loop.
@@ -59,17 +63,11 @@ def _block(p: int, variant: str) -> dict[int, list[tuple[int, str, int]]]:
 
 
 def _deps(key: Key, last: int) -> list[Key]:
-    """What a pass waits for (as the KINDS table says), plus the previous microbatch of the
-    same stage and kind, so that each stage keeps its microbatches in order."""
+    """What a pass waits for (the timeline's rule, from the KINDS table), plus the previous
+    microbatch of the same stage and kind, so that each stage keeps its microbatches in order."""
     s, kind, j = key
     deps = [(s, kind, j - 1)] if j > 0 else []
-    if kind == "F" and s > 0:
-        deps.append((s - 1, "F", j))
-    if kind == "I":
-        deps += [(s, "F", j)] + ([(s + 1, "I", j)] if s < last else [])
-    if kind == "W":
-        deps.append((s, "I", j))
-    return deps
+    return deps + [(d, k, j) for d, k in inputs(s, kind, last + 1)]
 
 
 def _fill_w(slot: Slots, lines: list[Line]) -> None:
@@ -94,9 +92,9 @@ def _fill_w(slot: Slots, lines: list[Line]) -> None:
         line += [None] * (span - len(line))
 
 
-def _held(lines: list[Line]) -> list[list[int]]:
+def _held(lines: list[Line]) -> list[list[float]]:
     """Activations each rank holds in each slot (`HOLDS`)."""
-    return [list(accumulate([HOLDS[key[1]] if key else 0 for key in line])) for line in lines]
+    return [list(accumulate([HOLDS[key[1]] if key else 0.0 for key in line])) for line in lines]
 
 
 def _by_slot(lines: list[Line], start: int, stop: int | None = None) -> list[Key]:

@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from zbkit.schedules import _build_fixed as fixed
-from zbkit.schedules._build_greedy import Moves, Slower, greedy
+from zbkit.schedules._build_greedy import Moves, greedy
 from zbkit.schedules._build_heuristic import best_heuristic
 from zbkit.schedules._build_v_heuristic import best_v_heuristic
 from zbkit.schedules._refine import best_sweep, defer_late_ws, plain_program
+from zbkit.schedules._timeline import Slower
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import cache
 from itertools import accumulate
 
 from zbkit.schedules.action import KINDS, PARTS, Action, Product, kinds_making
@@ -74,13 +75,14 @@ def running_peak(deltas: Iterable[float]) -> float:
     return max(0.0, max(accumulate(deltas), default=0.0))
 
 
+@cache
 def inputs(
-    stage: int, kind: str, num_stages: int, kinds: Sequence[str] = PARTS
-) -> list[tuple[int, str]]:
+    stage: int, kind: str, num_stages: int, kinds: tuple[str, ...] = PARTS
+) -> tuple[tuple[int, str], ...]:
     """(stage, kind) of the actions `kind` at `stage` waits for (same microbatch), as the
     `KINDS` table says; each product is taken from the first of `kinds` that makes it."""
     maker = {p: next(k.letter for k in kinds_making(p) if k.letter in kinds) for p in Product}
-    return [(s, maker[p]) for p, s in KINDS[kind].needs_of(stage, num_stages)]
+    return tuple((s, maker[p]) for p, s in KINDS[kind].needs_of(stage, num_stages))
 
 
 def fastest_variant(

@@ -21,7 +21,15 @@ from typing import NamedTuple
 
 from zbkit.schedules.costs import Costs, stage_costs
 
-__all__ = ["CommEvent", "Event", "bubble_rate", "memory_deltas", "memory_steps", "rank_spans"]
+__all__ = [
+    "CommEvent",
+    "Event",
+    "bubble_of",
+    "bubble_rate",
+    "memory_deltas",
+    "memory_steps",
+    "rank_spans",
+]
 
 
 class Event(NamedTuple):
@@ -71,7 +79,12 @@ def bubble_rate(events: Iterable[Event]) -> float:
     if not spans:
         return 0.0
     cost = max(hi - lo for lo, hi, _ in spans.values())
-    work = max(busy for *_, busy in spans.values())
+    return bubble_of(cost, max(busy for *_, busy in spans.values()))
+
+
+def bubble_of(cost: float, work: float) -> float:
+    """The bubble rate's one formula, ``(cost - work) / cost`` (0 for an empty span): the
+    share of the longest rank span (`cost`) that the busiest rank's `work` leaves idle."""
     return (cost - work) / cost if cost > 0 else 0.0
 
 

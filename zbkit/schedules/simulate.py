@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import cast
 
 from zbkit.schedules import _engine
-from zbkit.schedules.action import KINDS, PARTS, Action, Overlap
+from zbkit.schedules._timeline import keyed_costs, running_peak
+from zbkit.schedules.action import PARTS, Action, Overlap
 from zbkit.schedules.costs import Costs, per_stage
 from zbkit.schedules.events import (
     CommEvent,
     Event,
+    bubble_of,
     bubble_rate,
     memory_steps,
 )
@@ -152,7 +153,7 @@ def simulate(
     per_stage_costs = per_stage(costs, schedule.stage_to_rank)
     if check:  # what validate checks; the deadlock check is the walk below
         check_actions(schedule)
-    durations = {(s, k): c.duration(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
+    durations = keyed_costs(per_stage_costs)[0]
     ran = repeated(schedule, iterations) if iterations > 1 and not optimizer_sync else schedule
     try:
         comm = [c.comm for c in per_stage_costs]
@@ -258,7 +259,7 @@ def _events(
 def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
     starts, ends, busy = [], [], []
     # each (stage, kind)'s memory change (`Costs.memory`, the one memory rule), asked once
-    change = {(s, k): c.memory(k) for s, c in enumerate(per_stage_costs) for k in KINDS}
+    change = keyed_costs(per_stage_costs)[1]
     peak: list[float] = []
     deltas: list[float] = []
     items = {r: list(schedule.program.get(r, ())) for r in range(schedule.pp)}
@@ -268,7 +269,7 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         # changes in that order (what memory_steps' levels reach, without sorting them)
         mine = _changes(items[rank], change)
         deltas += mine
-        peak.append(max(0.0, max(accumulate(mine), default=0.0)))
+        peak.append(running_peak(mine))
         # its span is first start to last end (the numbers rank_spans gives for any events)
         starts.append(spans[0][0] if spans else 0.0)
         ends.append(spans[-1][1] if spans else 0.0)
@@ -287,7 +288,7 @@ def _summarize(schedule, costs, per_stage_costs, times) -> Simulation:
         schedule=schedule,
         costs=costs,
         makespan=max(ends[r] for r in ran) - min(starts[r] for r in ran),
-        bubble_rate=(cost - ideal) / cost if cost > 0 else 0.0,
+        bubble_rate=bubble_of(cost, ideal),
         peak_memory=peak,
         busy=busy,
         span=span,
