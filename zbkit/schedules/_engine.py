@@ -24,11 +24,11 @@ _WHAT = {p: i for i, p in enumerate(Product)}
 
 def tables() -> tuple[dict[str, int], dict[str, tuple[tuple[int, int], ...]]]:
     """From `KINDS` (read at each call, so a kind added to the table counts at once):
-    done[kind] = what finishing it makes available (an index into _WHAT; nothing others
+    makes[kind] = what finishing it makes available (an index into _WHAT; nothing others
     wait for = len(_WHAT)); needs[kind] = the (what, stage offset) it waits for."""
-    done = {k: _WHAT[kind.makes] if kind.makes else len(_WHAT) for k, kind in KINDS.items()}
+    makes = {k: _WHAT[kind.makes] if kind.makes else len(_WHAT) for k, kind in KINDS.items()}
     needs = {k: tuple((_WHAT[p], d) for p, d in kind.needs) for k, kind in KINDS.items()}
-    return done, needs
+    return makes, needs
 
 
 def dependencies(item: Action | Overlap, last_stage: int) -> list[tuple[int, int, int]]:
@@ -67,95 +67,94 @@ def run(
     """
     program, where = schedule.program, schedule.stage_to_rank
     n, m = schedule.num_stages, schedule.microbatches
-    last, nm = n - 1, n * m
-    made, needs = tables()
-    # per kind, with the key arithmetic done once: (what * n*m, stage offset) it waits for,
-    # what * n*m it makes, and its duration per stage
-    wait_on = {k: tuple((w * nm, d) for w, d in v) for k, v in needs.items()}
-    makes = {k: w * nm for k, w in made.items()}
-    dur = {k: [duration[s, k] for s in range(n)] for k in needs}
-    done: list[float | None] = [None] * ((len(_WHAT) + 1) * nm)
-    waiting: dict[int, list[int]] = {}  # key -> ranks whose next action needs it
+    steps = _per_kind_and_stage(n, m, duration, comm)
+    ready_at: list[float | None] = [None] * ((len(_WHAT) + 1) * n * m)  # key -> when made
+    waiting: dict[int, list[int]] = {}  # key -> ranks whose next item needs it
     times: dict[int, list[tuple[float, float]]] = {r: [] for r in program}
     free = dict.fromkeys(program, 0.0)
     todo = sorted(program, reverse=True)
     while todo:
         r = todo.pop()
-        actions, out = program[r], times[r]
-        t_free, i, count = free[r], len(out), len(actions)
+        items, out = program[r], times[r]
+        t_free, i, count = free[r], len(out), len(items)
         while i < count:
-            a = actions[i]
-            if type(a) is Overlap:  # rare: the general walk, both halves at once
-                span = _pair(a, t_free, done, where, r, comm, m, wait_on, dur, hidden)
-                if isinstance(span, int):
-                    waiting.setdefault(span, []).append(r)
+            item = items[i]
+            halves = item.halves if type(item) is Overlap else (item,)
+            # starts when every half's inputs are there: a pair waits for both
+            start, blocked = t_free, -1
+            for a in halves:
+                j = a.microbatch
+                needs, make, took = steps[a.kind][a.stage]
+                for offset, ds, delay in needs:
+                    t = ready_at[offset + j]
+                    if t is None:
+                        blocked = offset + j
+                        break
+                    if where[ds] != r:
+                        t += delay
+                    if t > start:
+                        start = t
+                if blocked >= 0:
                     break
-                out.append(span)
-                t_free = span[1]
-                i += 1
-                for h in a.halves:
-                    key = makes[h.kind] + h.stage * m + h.microbatch
-                    done[key] = t_free
-                    if key in waiting:
-                        todo.extend(waiting.pop(key))
-                continue
-            s, kind, j = a.stage, a.kind, a.microbatch
-            start = t_free
-            blocked = -1
-            for base, d in wait_on[kind]:
-                ds = s + d
-                if ds < 0 or ds > last:
-                    continue  # outside the pipeline: the first stage's input, the loss
-                key = base + ds * m + j
-                t = done[key]
-                if t is None:
-                    blocked = key
-                    break
-                if where[ds] != r:
-                    t += comm[s]
-                if t > start:
-                    start = t
             if blocked >= 0:
                 waiting.setdefault(blocked, []).append(r)
                 break
-            t_free = start + dur[kind][s]
+            # one action: `a`, `make` and `took` are its own
+            t_free = start + (took if len(halves) == 1 else _pair_time(halves, steps, hidden))
             out.append((start, t_free))
             i += 1
-            key = makes[kind] + s * m + j
-            done[key] = t_free
-            if key in waiting:
-                todo.extend(waiting.pop(key))
+            for a in halves:
+                key = (make if len(halves) == 1 else steps[a.kind][a.stage][1]) + a.microbatch
+                ready_at[key] = t_free
+                if key in waiting:
+                    todo.extend(waiting.pop(key))
         free[r] = t_free
     stuck = {}
-    for r, actions in program.items():
+    for r, items in program.items():
         pos = len(times[r])
-        if pos < len(actions):
-            a = actions[pos]
+        if pos < len(items):
+            item = items[pos]
             need = next(
-                k for k in dependencies(a, last) if done[k[0] * nm + k[1] * m + k[2]] is None
+                k
+                for k in dependencies(item, n - 1)
+                if ready_at[k[0] * n * m + k[1] * m + k[2]] is None
             )
-            stuck[r] = (pos, a, need)
+            stuck[r] = (pos, item, need)
     if stuck:
         raise Stuck(stuck)
     return times
 
 
-def _pair(pair, t_free, done, where, r, comm, m, wait_on, dur, hidden):
-    """An overlapped pair's (start, end), or the key it is blocked on (an int)."""
-    start = t_free
-    for a in pair.halves:
-        s, j = a.stage, a.microbatch
-        for base, d in wait_on[a.kind]:
-            ds = s + d
-            if ds < 0 or ds >= len(where):
-                continue
-            t = done[base + ds * m + j]
-            if t is None:
-                return base + ds * m + j
-            if where[ds] != r:
-                t += comm[s]
-            start = max(start, t)
-    f, b = pair.forward, pair.backward
-    halves = (dur[f.kind][f.stage], dur[b.kind][b.stage])
+# per kind, per stage: (what it waits for, the key it makes, its duration) - see below
+_Steps = dict[str, list[tuple[tuple[tuple[int, int, float], ...], int, float]]]
+
+
+def _per_kind_and_stage(
+    n: int, m: int, duration: dict[tuple[int, str], float], comm: Sequence[float]
+) -> _Steps:
+    """The key arithmetic done once per (kind, stage), so the walk only adds the microbatch:
+    steps[kind][stage] = (the keys it waits for less the microbatch, each with its stage and
+    the delay when that stage is on another rank; the key it makes less the microbatch; its
+    duration). What lies outside the pipeline (the first stage's input, the loss) is left out."""
+    makes, needs = tables()
+    nm = n * m
+    return {
+        k: [
+            (
+                tuple((w * nm + (s + d) * m, s + d, comm[s]) for w, d in need if 0 <= s + d < n),
+                makes[k] * nm + s * m,
+                duration[s, k],
+            )
+            for s in range(n)
+        ]
+        for k, need in needs.items()
+    }
+
+
+def _pair_time(halves: tuple[Action, ...], steps: _Steps, hidden: Sequence[float] | None) -> float:
+    """An overlapped pair's duration: both halves less what overlapping hides (`hidden` of
+    the forward's stage), at least the longer half."""
+    f, b = halves
+    times = (steps[f.kind][f.stage][2], steps[b.kind][b.stage][2])
     saved = hidden[f.stage] if hidden is not None else 0.0
-    return (start, start + max(sum(halves) - saved, *halves))
+    return max(sum(times) - saved, *times)
