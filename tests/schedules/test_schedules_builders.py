@@ -1,11 +1,25 @@
-"""Every builder across sizes, checked against the papers' closed forms (comm = 0)."""
+"""Every schedule's record across sizes (builds, validates, simulates, its closed forms, its
+torch class, its options), the papers' closed forms (comm = 0), and a schedule registered
+in a test reaching every place that lists schedules."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
-from zbkit.schedules import Costs, ScheduleError, build_schedule, simulate, validate
+from zbkit.schedules import (
+    KINDS,
+    SCHEDULES,
+    Costs,
+    ScheduleError,
+    build_schedule,
+    compare_with_torch,
+    simulate,
+    validate,
+)
 from zbkit.schedules.builders import check_counts
+from zbkit.schedules.catalog import RECORDS, register, stage_to_rank
+from zbkit.schedules.formulas import bubble, conditions, peak_memory
 
 PP = (2, 3, 4, 8)
 MS = (1, 2, 3, 5, 8, 13, 16, 24)
@@ -17,18 +31,112 @@ def rate(bubble, work):
     return bubble / (work + bubble)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto"])
-def test_every_builder_validates_for_many_sizes(name):
-    for p, m in itertools.product(PP, MS):
-        s = build_schedule(name, pp=p, microbatches=m)
+# sizes every schedule builds (m a multiple of 2p fits every builder's rule)
+SIZES = ((1, 2), (2, 4), (2, 8), (3, 6), (4, 8), (4, 16))
+
+
+def _build(record, p: int, m: int, **options):
+    if record.searches == "always":  # a search plans for costs
+        options.setdefault("costs", UNEQUAL)
+    return build_schedule(record.name, pp=p, microbatches=m, **options)
+
+
+@pytest.mark.parametrize("name", RECORDS)
+def test_every_record_builds_validates_and_simulates(name):
+    record = RECORDS[name]
+    for p, m in SIZES:
+        s = _build(record, p, m)
         validate(s)
         check_counts(s)
-        v = 2 if name == "zb-v" else 1
-        assert s.pp == p and s.num_stages == v * p and s.microbatches == m
-        assert (
-            sum(len(prog) for prog in s.program.values())
-            == (2 if name in "gpipe1f1b" else 3) * v * p * m
-        )
+        assert (s.name, s.pp, s.microbatches) == (name, p, m)
+        assert s.stage_to_rank == record.stage_to_rank(p)  # where its record says
+        # every stage does F, I and W once per microbatch, fused (B) or not
+        parts = sum(len(KINDS[a.kind].parts) for r in s.program for a in s.actions(r))
+        assert parts == 3 * s.num_stages * m
+        sim = simulate(s, UNEQUAL)
+        work = m * (UNEQUAL.F + UNEQUAL.I + UNEQUAL.W)  # a rank's share, whatever its chunks
+        assert sim.makespan >= work - 1e-9 and 0 <= sim.bubble_rate < 1
+
+
+@pytest.mark.parametrize("name", [n for n, r in RECORDS.items() if r.formulas is not None])
+def test_a_records_closed_forms_equal_the_simulator_where_they_hold(name):
+    """Wherever a record's formulas give a number (the CLI and the explorer print it), it
+    is the simulation's; where their assumptions fail they give none, and the record's
+    conditions say what they need."""
+    shown = 0
+    for p, m in itertools.product((2, 3, 4, 6), range(1, 15)):
+        try:
+            schedule = build_schedule(name, pp=p, microbatches=m)
+        except ValueError:
+            continue  # interleaved-1f1b: m must be a multiple of p
+        v = schedule.stages_per_rank
+        for c in (Costs(1, 1, 1), Costs(2, 3, 1), Costs(1.5, 1.2, 0.5), Costs(1, 1, 2)):
+            sim = simulate(schedule, c)
+            form = bubble(name, p, m, v, c)
+            if form is not None:
+                assert sim.bubble_rate == pytest.approx(form.rate, abs=1e-12), (name, p, m, c)
+                shown += 1
+            peak = peak_memory(name, p, m, v, c)
+            if peak is not None:
+                assert sim.peak_memory == pytest.approx(peak[1]), (name, p, m, peak[0])
+                shown += 1
+    assert shown > 50
+    if RECORDS[name].formulas.conditions:  # some settings fall outside, and it says so
+        assert conditions(name) == RECORDS[name].formulas.conditions
+
+
+def test_a_closed_form_outside_its_conditions_is_none():
+    assert bubble("zb-h1", 4, 2, 1, Costs()) is None and "m >= p" in conditions("zb-h1")
+    assert bubble("zb-auto", 4, 8, 1, Costs()) is None  # a search has none
+    assert bubble("loaded from a file", 4, 8, 1, Costs()) is None  # a name with no record
+
+
+@pytest.mark.parametrize("name", [n for n, r in RECORDS.items() if r.torch])
+def test_a_records_torch_class_round_trips_through_from_torch(name):
+    torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from zbkit.schedules import Schedule
+
+    record = RECORDS[name]
+    for cls in record.torch:
+        if not hasattr(torch_schedules, cls):
+            continue  # an older torch without it
+        theirs = Schedule.from_torch(cls, pp=4, microbatches=8)
+        assert theirs.name == name and theirs.stage_to_rank == record.stage_to_rank(4)
+        assert compare_with_torch(name, pp=4, microbatches=8).name == name
+
+
+def test_frontier_styles_are_unique_and_every_schedule_has_one():
+    styles = [s for r in RECORDS.values() for s in (r.style, *r.curves.values()) if s]
+    assert len(styles) == len(set(styles))
+    assert all(r.style or r.curves for r in RECORDS.values())
+    with pytest.raises(ValueError, match="frontier style .* is already 'gpipe'"):
+        register(replace(RECORDS["gpipe"], name="grey-again", torch=()))
+    assert "grey-again" not in SCHEDULES
+
+
+@pytest.mark.parametrize("name", RECORDS)
+def test_a_record_takes_its_options_and_refuses_others(name):
+    record = RECORDS[name]
+    plain = _build(record, 2, 4)
+    for option, default in record.options.items():  # its default, given: the same schedule
+        assert _build(record, 2, 4, **{option: default}).program == plain.program, option
+    takes = ", ".join(record.options) or "no options"
+    with pytest.raises(ValueError, match=f"bad option 'bogus' \\({name} takes {takes}\\)"):
+        _build(record, 2, 4, bogus=1)
+    if record.searches == "never":
+        with pytest.raises(ValueError, match="takes no costs"):
+            build_schedule(name, pp=2, microbatches=4, costs=EQUAL)
+    else:  # it builds for costs, under a limit
+        s = build_schedule(name, pp=2, microbatches=4, costs=UNEQUAL, memory_limit=4)
+        assert max(simulate(s, UNEQUAL).peak_memory) <= 4 + 1e-9
+
+
+def test_one_placement_function_for_every_schedule():
+    assert stage_to_rank("linear", 3) == [0, 1, 2] == stage_to_rank("looped", 3, 1)
+    assert stage_to_rank("looped", 3, 2) == [0, 1, 2, 0, 1, 2]  # Megatron's and torch's loop
+    assert stage_to_rank("v", 3) == [0, 1, 2, 2, 1, 0]  # down the ranks and back up
+    with pytest.raises(ValueError, match="placement must be"):
+        stage_to_rank("w", 3)
 
 
 def test_interleaved_1f1b_accepts_multiples_of_pp_only():
@@ -150,23 +258,55 @@ def test_cli_zb_auto_and_zb_v_name_the_candidate_they_kept(capsys):
     assert "bad option 'placement'" in capsys.readouterr().err
 
 
-def test_every_closed_form_shown_is_the_simulated_bubble():
-    """Wherever `formulas.bubble` gives a number (the CLI and the explorer print it), it is
-    the simulation's; where its assumptions fail (zb-h1 with m < p) it gives none."""
-    from zbkit.schedules.formulas import CONDITIONS, bubble
+@pytest.fixture
+def toy():
+    """GPipe under another name: a record and a tiny builder, registered for one test."""
+    from zbkit.schedules.catalog import ScheduleRecord, Style
 
-    shown = 0
-    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"):
-        for p, m in itertools.product((2, 3, 4, 6), range(1, 15)):
-            try:
-                schedule = build_schedule(name, pp=p, microbatches=m)
-            except ValueError:
-                continue  # interleaved-1f1b: m must be a multiple of p
-            for c in (Costs(1, 1, 1), Costs(2, 3, 1), Costs(1.5, 1.2, 0.5), Costs(1, 1, 2)):
-                form = bubble(name, p, m, schedule.stages_per_rank, c)
-                if form is not None:
-                    rate = simulate(schedule, c).bubble_rate
-                    assert rate == pytest.approx(form.rate, abs=1e-12), (name, p, m, c)
-                    shown += 1
-    assert shown > 500
-    assert bubble("zb-h1", 4, 2, 1, Costs()) is None and "m >= p" in CONDITIONS["zb-h1"]
+    def gpipe_again(pp: int, m: int, name: str):
+        schedule = build_schedule("gpipe", pp=pp, microbatches=m)
+        schedule.name = name
+        return schedule
+
+    record = ScheduleRecord(
+        "gpipe-again", gpipe_again, "GPipe, registered by a test", style=Style("#000000", "8")
+    )
+    register(record)
+    try:
+        yield record
+    finally:
+        del RECORDS[record.name]
+    assert "gpipe-again" not in SCHEDULES
+
+
+def test_a_registered_record_reaches_every_place_that_lists_schedules(toy, capsys):
+    """One record and one builder, nothing else: the name is in SCHEDULES, builds, is a
+    choice of the CLI, a point on the frontier and a schedule in the explorer's dropdown."""
+    import argparse
+
+    from zbkit.schedules import cli
+
+    assert SCHEDULES[-1] == "gpipe-again" and "gpipe-again" in SCHEDULES
+    built = build_schedule("gpipe-again", pp=3, microbatches=4)
+    assert built.program == build_schedule("gpipe", pp=3, microbatches=4).program
+    with pytest.raises(ValueError, match="bad option 'stages_per_rank'"):
+        build_schedule("gpipe-again", pp=3, microbatches=4, stages_per_rank=2)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.main(parser.parse_args(["gpipe-again", "--pp", "3", "-m", "4"])) == 0
+    out = capsys.readouterr().out
+    assert "Schedule('gpipe-again'" in out and "GPipe, registered by a test" in parser.format_help()
+    pytest.importorskip("matplotlib")
+    from zbkit.viz import plot_frontier
+
+    fig = plot_frontier(3, 6, schedules=["gpipe", "gpipe-again"])
+    assert [p.label for p in fig.points] == ["gpipe", "gpipe-again"]
+    assert fig.points[0][2:] == fig.points[1][2:]  # the same memory and bubble as GPipe
+    gids = {line.get_gid() for line in fig.axes[0].get_lines()}
+    assert "point:gpipe-again" in gids
+    pytest.importorskip("ipywidgets")
+    from zbkit.widgets import ScheduleExplorer
+
+    explorer = ScheduleExplorer("gpipe-again", pp=3, microbatches=4)
+    assert "gpipe-again" in explorer.controls["schedule"].options
+    assert explorer.simulation.schedule.name == "gpipe-again" and explorer.error is None

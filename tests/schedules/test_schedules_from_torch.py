@@ -21,11 +21,12 @@ from zbkit.schedules import (
     simulate,
     validate,
 )
-from zbkit.schedules.from_torch import TORCH_NAMES
+from zbkit.schedules.from_torch import torch_names
 
 ts = pytest.importorskip("torch.distributed.pipelining.schedules")
 
 SIZES = [(1, 4), (2, 4), (2, 6), (3, 6), (4, 8), (4, 12)]
+TORCH_NAMES = torch_names()  # torch class -> zbkit name, from the schedules' records
 SAME = [c for c in TORCH_NAMES if c not in ("Schedule1F1B", "ScheduleGPipe")]
 
 

@@ -7,11 +7,20 @@ F, I, W and of the activations. A bubble of `b` time units gives the rate b / (b
 Memory is in units of one rank's activations for one microbatch. The formulas ignore `comm`
 (the simulator does not). zb-v's are those of the paper's fixed construction (what
 `build_schedule("zb-v")` returns); zb-auto searches, so it has none.
+
+Each schedule's record (`catalog.ScheduleRecord.formulas`) names its functions below and the
+conditions under which they hold; `bubble(name, ...)` and `peak_memory(name, ...)` look them
+up by name.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+# a bubble formula: (pp, m, v, costs) -> (its text, idle time), or None where it does not hold
+Bubble = tuple[str, float]
+# a peak-memory formula: (pp, m, v, costs) -> (its text, activations per rank), or None
+Peak = tuple[str, list[float]]
 
 
 class ClosedForm(NamedTuple):
@@ -20,56 +29,95 @@ class ClosedForm(NamedTuple):
     rate: float  # bubble / (bubble + work)
 
 
+# ---- bubbles, per construction (the record says which is whose) ---------------------------
+def one_f_one_b_bubble(pp: int, m: int, v: int, c: Any) -> Bubble:
+    return "(p-1)(F+I+W)", (pp - 1) * (c.F + c.I + c.W)  # GPipe's too
+
+
+def interleaved_bubble(pp: int, m: int, v: int, c: Any) -> Bubble:
+    # the same count of steps, each a stage 1/v as long
+    return "(p-1)(F+I+W)/v", (pp - 1) * (c.F + c.I + c.W) / v
+
+
+def zb_h1_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
+    if c.W <= min(c.F, c.I) and m >= pp:
+        return "(p-1)(F+I-W)", (pp - 1) * (c.F + c.I - c.W)
+    return None
+
+
+def zb_h2_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
+    if c.F == c.I == c.W and m >= 2 * pp - 1:
+        return "0 (F = I = W, m >= 2p-1)", 0.0
+    if m >= 2 * pp:  # needs enough microbatches to fill the warm-up
+        return "max(0, (p-1)(F+I-2W))", max(0.0, (pp - 1) * (c.F + c.I - 2 * c.W))
+    return None
+
+
+def zb_v_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
+    if c.F == c.I == c.W and m >= 2 * pp:
+        return "0 (F = I = W)", 0.0
+    return None
+
+
+# ---- peak activations per rank (valid when mem_weight = 0) ---------------------------------
+def gpipe_peak(pp: int, m: int, v: int, c: Any) -> Peak:
+    return "m", [c.mem_activation * m for _ in range(pp)]
+
+
+def one_f_one_b_peak(pp: int, m: int, v: int, c: Any) -> Peak:  # ZB-H1's too
+    return "min(p-r, m)", [c.mem_activation * min(pp - r, m) for r in range(pp)]
+
+
+def zb_h2_peak(pp: int, m: int, v: int, c: Any) -> Peak:
+    return "min(2(p-r)-1, m)", [c.mem_activation * min(2 * (pp - r) - 1, m) for r in range(pp)]
+
+
+def interleaved_peak(pp: int, m: int, v: int, c: Any) -> Peak | None:
+    if m < 2 * pp:  # the steady-state formula: chunk-microbatches, each 1/v of a share
+        return None
+    held = [min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v) / v for r in range(pp)]
+    return "min(2(p-r-1)+(v-1)p+1, mv)/v", [c.mem_activation * x for x in held]
+
+
+def zb_v_peak(pp: int, m: int, v: int, c: Any) -> Peak | None:
+    if m < 2 * pp:  # steady state only
+        return None
+    return "p", [c.mem_activation * pp for _ in range(pp)]  # 2p half-size chunks: p shares
+
+
+# ---- by name ------------------------------------------------------------------------------
+def _formulas(name: str) -> Any:
+    """The record's `Formulas` (None for a search, or a loaded schedule's unknown name)."""
+    from zbkit.schedules.catalog import RECORDS  # imported here: the catalog imports us
+
+    found = RECORDS.get(name)
+    return found.formulas if found is not None else None
+
+
 def bubble(name: str, pp: int, m: int, v: int, costs: Any) -> ClosedForm | None:
     """The paper's bubble for `name`, or None where it has no closed form (or its
-    assumptions fail)."""
-    f, i, w = costs.F, costs.I, costs.W
-    p1 = pp - 1
-    if name in ("gpipe", "1f1b"):
-        formula, value = "(p-1)(F+I+W)", p1 * (f + i + w)
-    elif name == "interleaved-1f1b":  # the same count of steps, each a stage 1/v as long
-        formula, value = "(p-1)(F+I+W)/v", p1 * (f + i + w) / v
-    elif name == "zb-h1" and w <= min(f, i) and m >= pp:
-        formula, value = "(p-1)(F+I-W)", p1 * (f + i - w)
-    elif name == "zb-h2" and f == i == w and m >= 2 * pp - 1:
-        formula, value = "0 (F = I = W, m >= 2p-1)", 0.0
-    elif name == "zb-h2" and m >= 2 * pp:  # needs enough microbatches to fill the warm-up
-        formula, value = "max(0, (p-1)(F+I-2W))", max(0.0, p1 * (f + i - 2 * w))
-    elif name == "zb-v" and f == i == w and m >= 2 * pp:
-        formula, value = "0 (F = I = W)", 0.0
-    else:
+    assumptions fail: `conditions(name)` says which)."""
+    forms = _formulas(name)
+    got = forms.bubble(pp, m, v, costs) if forms is not None else None
+    if got is None:
         return None
-    work = m * (f + i + w)
+    formula, value = got
+    work = m * (costs.F + costs.I + costs.W)
     return ClosedForm(formula, value, value / (value + work) if value + work > 0 else 0.0)
 
 
-# where each closed form holds: said instead of a number when `bubble` returns None
-CONDITIONS = {
-    "zb-h1": "W <= min(F, I) and m >= p",
-    "zb-h2": "m >= 2p (or F = I = W and m >= 2p-1)",
-    "zb-v": "F = I = W and m >= 2p",
-}
+def conditions(name: str) -> str:
+    """Where `name`'s closed forms hold ("" where always, or where it has none)."""
+    forms = _formulas(name)
+    return forms.conditions if forms is not None else ""
 
 
-def peak_memory(name: str, pp: int, m: int, v: int, costs: Any) -> tuple[str, list[float]] | None:
+def peak_memory(name: str, pp: int, m: int, v: int, costs: Any) -> Peak | None:
     """Activations held at the peak, per rank (valid when mem_weight = 0), or None.
 
     The interleaved and ZB-V formulas are the steady-state ones, so they need m >= 2p.
     """
-    if costs.mem_weight != 0:
+    forms = _formulas(name)
+    if costs.mem_weight != 0 or forms is None or forms.peak is None:
         return None
-    a = costs.mem_activation
-    ranks = range(pp)
-    if name == "gpipe":
-        return "m", [a * m for _ in ranks]
-    if name in ("1f1b", "zb-h1"):
-        return "min(p-r, m)", [a * min(pp - r, m) for r in ranks]
-    if name == "zb-h2":
-        return "min(2(p-r)-1, m)", [a * min(2 * (pp - r) - 1, m) for r in ranks]
-    if name == "interleaved-1f1b" and m >= 2 * pp:  # chunk-microbatches, each 1/v of a share
-        return "min(2(p-r-1)+(v-1)p+1, mv)/v", [
-            a * min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v) / v for r in ranks
-        ]
-    if name == "zb-v" and m >= 2 * pp:  # 2p half-size chunks: p rank shares, like 1F1B's rank 0
-        return "p", [a * pp for _ in ranks]
-    return None
+    return forms.peak(pp, m, v, costs)

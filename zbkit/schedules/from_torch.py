@@ -25,31 +25,25 @@ from types import SimpleNamespace
 from typing import Any
 
 from zbkit.schedules.builders import build_schedule
+from zbkit.schedules.catalog import RECORDS, ScheduleRecord, stage_to_rank
 from zbkit.schedules.costs import MEMORY_UNIT, Costs
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Simulation, simulate
 from zbkit.schedules.validate import validate
 
-__all__ = ["TORCH_NAMES", "TorchComparison", "compare_with_torch", "from_torch"]
+__all__ = ["TorchComparison", "compare_with_torch", "from_torch", "torch_names"]
 
-# torch class -> the name of zbkit's builder of the same schedule
-TORCH_NAMES = {
-    "Schedule1F1B": "1f1b",
-    "ScheduleGPipe": "gpipe",
-    "ScheduleInterleaved1F1B": "interleaved-1f1b",
-    "ScheduleInterleavedZeroBubble": "interleaved-zb",
-    "ScheduleZBVZeroBubble": "zb-v",
-    "ScheduleDualPipeV": "dualpipev",
-    "ScheduleLoopedBFS": "looped-bfs",
-}
-_V_PLACED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # stages s and 2p-1-s on rank s
-_SINGLE = ("Schedule1F1B", "ScheduleGPipe")  # one stage per rank
+
+def torch_names() -> dict[str, str]:
+    """torch class -> the name of zbkit's builder of the same schedule (the records' `torch`)."""
+    return {cls: r.name for r in RECORDS.values() for cls in r.torch}
 
 
 def _torch_class_name(cls: type) -> str:
-    """The torch class `cls` is (or derives from) among TORCH_NAMES; else its own name."""
+    """The torch class `cls` is (or derives from) among `torch_names()`; else its own name."""
+    known = torch_names()
     for base in cls.__mro__:
-        if base.__name__ in TORCH_NAMES and base.__module__.startswith("torch."):
+        if base.__name__ in known and base.__module__.startswith("torch."):
             return base.__name__
     return cls.__name__
 
@@ -60,22 +54,30 @@ def _resolve_class(name_or_class: str | type) -> tuple[str, type]:
 
     if isinstance(name_or_class, type):
         return _torch_class_name(name_or_class), name_or_class
-    by_zbkit = {zb: cls for cls, zb in TORCH_NAMES.items()}
+    known = torch_names()
+    by_zbkit = {zb: cls for cls, zb in known.items()}
     cls_name = by_zbkit.get(name_or_class, name_or_class)
-    if cls_name not in TORCH_NAMES:
-        known = ", ".join(f"{zb} ({cls})" for cls, zb in TORCH_NAMES.items())
-        raise ValueError(f"no torch schedule named {name_or_class!r}; known: {known}")
+    if cls_name not in known:
+        listed = ", ".join(f"{zb} ({cls})" for cls, zb in known.items())
+        raise ValueError(f"no torch schedule named {name_or_class!r}; known: {listed}")
     return cls_name, getattr(torch_schedules, cls_name)
+
+
+def _record_of(cls_name: str) -> ScheduleRecord | None:
+    name = torch_names().get(cls_name)
+    return RECORDS[name] if name is not None else None
 
 
 def _instantiate(cls: type, cls_name: str, pp: int, microbatches: int, v: int | None) -> Any:
     """torch's schedule object for these sizes, on stand-in stages (what its constructors read)."""
-    if cls_name in _SINGLE:
+    found = _record_of(cls_name)
+    placement = found.placement if found is not None else "looped"
+    if placement == "linear":  # one stage per rank
         if v not in (None, 1):
             raise ValueError(f"{cls_name} runs one stage per rank; got stages_per_rank={v}")
         stage = SimpleNamespace(num_stages=pp, group_size=pp, group_rank=0, submod=None)
         return cls(stage, microbatches)
-    if cls_name in _V_PLACED and v not in (None, 2):
+    if placement == "v" and v not in (None, 2):
         raise ValueError(f"{cls_name} runs two stages per rank (a V); got stages_per_rank={v}")
     v = 2 if v is None else v
     stage = SimpleNamespace(num_stages=v * pp, group_size=pp, group_rank=0, submod=None)
@@ -83,13 +85,14 @@ def _instantiate(cls: type, cls_name: str, pp: int, microbatches: int, v: int | 
 
 
 def _placement(obj: Any, cls_name: str, pp: int, num_stages: int) -> list[int]:
-    """torch's own map when the object has one (multi-stage schedules), else the class's rule."""
+    """torch's own map when the object has one (multi-stage schedules), else the record's
+    placement (looped for a class zbkit has no record of)."""
     mapping = getattr(obj, "stage_index_to_group_rank", None)
     if mapping and len(mapping) == num_stages:
         return [int(mapping[s]) for s in range(num_stages)]
-    if cls_name in _V_PLACED:
-        return [s if s < pp else 2 * pp - 1 - s for s in range(num_stages)]
-    return [s % pp for s in range(num_stages)]
+    found = _record_of(cls_name)
+    placement = "v" if found is not None and found.placement == "v" else "looped"
+    return stage_to_rank(placement, pp, num_stages // pp)
 
 
 def _rows_text(order: dict[int, list[Any]]) -> str:
@@ -111,7 +114,7 @@ def from_torch(
     """torch's schedule (an object, or a class or its name with `pp` and `microbatches`) as a
     `Schedule`.
 
-    Named after zbkit's builder of the same schedule (`TORCH_NAMES`), placed as torch places
+    Named after zbkit's builder of the same schedule (`torch_names()`), placed as torch places
     it; torch's transfers and FSDP actions kept as `torch_ops`. Not validated: call
     `validate` (torch 2.13's `Schedule1F1B` draws an order its own validator rejects).
     """
@@ -137,7 +140,7 @@ def from_torch(
         if given is not None and given != have:
             raise ValueError(f"{what}={given}, but the torch schedule has {what}={have}")
     placement = _placement(obj, cls_name, size, num_stages)
-    name = TORCH_NAMES.get(cls_name, cls_name)
+    name = torch_names().get(cls_name, cls_name)
     return Schedule.from_csv(_rows_text(order), stage_to_rank=placement, microbatches=m, name=name)
 
 
@@ -235,7 +238,7 @@ def compare_with_torch(
     zbkit's builder of the same schedule: validity, simulated numbers, first differences."""
     cls_name, cls = _resolve_class(name_or_class)
     theirs = from_torch(cls, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank)
-    name = TORCH_NAMES[cls_name]
+    name = torch_names()[cls_name]
     options: dict[str, Any] = (
         {} if stages_per_rank is None else {"stages_per_rank": stages_per_rank}
     )
