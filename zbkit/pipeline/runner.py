@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zbkit.parallel import average_gradients
+from zbkit.parallel import PendingAverage, average_gradients
 from zbkit.parallel.process_group import require_process_group
 from zbkit.pipeline._agree import agree_on_schedule
 from zbkit.pipeline._batch import split_batch
@@ -146,67 +146,28 @@ class ScheduleRunner:
         """
         if not self._agreed:  # before anything that may fail on one rank only
             self._agree()
-        inputs, targets = step_arguments(args, targets, target)
-        m, last = self.schedule.microbatches, self.schedule.num_stages - 1
-        if 0 in self.stages and inputs is None:
-            raise ValueError(f"rank {self.rank} holds stage 0: pass step(inputs, ...) here")
-        if last in self.stages and targets is None:
-            raise ValueError(
-                f"rank {self.rank} holds the last stage ({last}), which computes the loss: pass "
-                "step(..., targets=...) on this rank"
-            )
-        # Whatever this rank was given is checked together (inputs against targets when
-        # both are here), even the part its stages do not use.
-        inputs, targets = split_batch(m, inputs, targets)
-        inputs = inputs if 0 in self.stages else None
-        targets = targets if last in self.stages else None
+        inputs, targets = self._my_batch(*step_arguments(args, targets, target))
         if self.barrier:  # every rank starts the step together (asked for: it costs a trip)
             self._barrier()
         # Wall-clock seconds: one clock for every process on a host (and NTP-close across
         # hosts), so the ranks' traces line up; Trace.merge shifts the whole run to start at 0.
-        clock = time.time
         state = StepState(
             self.stages,
             list(self.schedule.stage_to_rank),
-            m,
+            self.schedule.microbatches,
             self.loss_fn,
             self.scale_grads,
             inputs,
             targets,
-            clock,
+            time.time,
             cuda=self.backend == "nccl",  # GPU actions timed with CUDA events
         )
         self.p2p.expect(self.plan.comms)
-        reductions = []  # zbkit.parallel's averages in flight, one per stage
-        done = 0  # compute actions finished: the position in this rank's program
         try:
-            for i, item in enumerate(self.plan):
-                if isinstance(item, Comm):
-                    start = clock()
-                    self._move(item, state)
-                    state.trace.comm.append(CommEvent(self.rank, str(item), start, clock()))
-                    continue
-                state.run(item)
-                done += 1
-                if i in self._grads_final and self.dp_group is not None:
-                    s = self._grads_final[i]  # stage s's gradients are final: average them
-                    params = self.stages[s].module.parameters()
-                    label = f"stage {s}"
-                    reductions.append(
-                        average_gradients(params, self.dp_group, timeout=self.timeout, label=label)
-                    )
-            self.p2p.finish()  # nothing pending on the wire
-            for pending in reductions:
-                pending.wait()
-            got = state.finish()
-        except BaseException as exc:
+            got = self._walk(state)
+        except BaseException:
             for st in self.stages.values():
                 st.reset()  # drop cached graphs: a failed step leaks nothing
-            if isinstance(exc, TimeoutError | StageError | ValueError):  # CommTimeout too
-                # a send follows the action that produced it; everything else is at `done`
-                sending = isinstance(item, Comm) and item.op is CommOp.SEND
-                mark = (self.rank, done - 1 if sending else done)
-                exc.add_note(f"where rank {self.rank} was:\n{self.schedule.to_grid([mark])}")
             raise
         self.trace = state.trace
         fill_losses(losses, got)
@@ -250,6 +211,58 @@ class ScheduleRunner:
         return Trace.merge(traces)
 
     # ------------------------------------------------------------------ pieces
+    def _my_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
+        """This rank's share of ``step``'s arguments, split into microbatches: the inputs
+        if it holds stage 0, the targets if it holds the last stage, else None."""
+        last = self.schedule.num_stages - 1
+        if 0 in self.stages and inputs is None:
+            raise ValueError(f"rank {self.rank} holds stage 0: pass step(inputs, ...) here")
+        if last in self.stages and targets is None:
+            raise ValueError(
+                f"rank {self.rank} holds the last stage ({last}), which computes the loss: pass "
+                "step(..., targets=...) on this rank"
+            )
+        # Whatever this rank was given is checked together (inputs against targets when
+        # both are here), even the part its stages do not use.
+        inputs, targets = split_batch(self.schedule.microbatches, inputs, targets)
+        return (inputs if 0 in self.stages else None), (targets if last in self.stages else None)
+
+    def _walk(self, state: StepState) -> list[torch.Tensor] | None:
+        """The dumb loop: each plan item moves tensors or runs an action; a stage's
+        gradients are averaged over the replicas as soon as they are final. A failure is
+        noted with the grid, this rank's place in it marked."""
+        reductions = []  # zbkit.parallel's averages in flight, one per stage
+        done = 0  # compute actions finished: the position in this rank's program
+        item: Comm | object = None
+        try:
+            for i, item in enumerate(self.plan):
+                if isinstance(item, Comm):
+                    start = state.clock()
+                    self._move(item, state)
+                    state.trace.comm.append(CommEvent(self.rank, str(item), start, state.clock()))
+                    continue
+                state.run(item)
+                done += 1
+                if i in self._grads_final and self.dp_group is not None:
+                    reductions.append(self._average(self._grads_final[i]))
+            self.p2p.finish()  # nothing pending on the wire
+            for pending in reductions:
+                pending.wait()
+            return state.finish()
+        except (TimeoutError, StageError, ValueError) as exc:  # CommTimeout too
+            # a send follows the action that produced it; everything else is at `done`
+            sending = isinstance(item, Comm) and item.op is CommOp.SEND
+            mark = (self.rank, done - 1 if sending else done)
+            exc.add_note(f"where rank {self.rank} was:\n{self.schedule.to_grid([mark])}")
+            raise
+
+    def _average(self, stage: int) -> PendingAverage:
+        """Start averaging ``stage``'s gradients over the replicas (they are final now)."""
+        params = self.stages[stage].module.parameters()
+        return average_gradients(
+            params, self.dp_group, timeout=self.timeout, label=f"stage {stage}"
+        )
+
     def _move(self, comm: Comm, state: StepState) -> None:
         if comm.op is CommOp.RECV:
             state.inbox[comm.key] = self.p2p.recv(comm)
