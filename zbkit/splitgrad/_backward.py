@@ -27,10 +27,9 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node, get_gradient_edge
 
-from zbkit.splitgrad import _fast, _plan
 from zbkit.splitgrad._directions import GradDirection, grad_directions
-from zbkit.splitgrad._free import release_named, release_when_run
 from zbkit.splitgrad._groups import analyse_stage
+from zbkit.splitgrad._input_fast import FastInput
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
 _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
@@ -121,14 +120,28 @@ def _roots(
             f"got {len(outputs)} outputs but {len(output_grads)} output_grads; "
             "pass one gradient (or None) per output"
         )
+    return output_roots(outputs, output_grads)
+
+
+def output_roots(
+    outputs: Sequence[Any],
+    output_grads: Sequence[torch.Tensor | None],
+    names: Sequence[str] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The (output, gradient) pairs a backward starts from, as two lists: an output with
+    no gradient (None) or no graph (not a tensor requiring grad) is skipped, as the next
+    stage did not differentiate through it; a gradient of another shape is a ValueError
+    naming the output (`names[i]`, else `outputs[i]`). zbkit's one output-gradient filter:
+    splitgrad's passes, the pipeline stages and torchpp all use it."""
     tensors, grads = [], []
     for i, (out, g) in enumerate(zip(outputs, output_grads, strict=True)):
-        if g is None or not out.requires_grad:
-            continue  # None: this output receives no gradient
+        if g is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
+            continue
         if g.shape != out.shape:
+            name = f"output {names[i]!r}" if names is not None else f"outputs[{i}]"
             raise ValueError(
-                f"output_grads[{i}] has shape {tuple(g.shape)} but outputs[{i}] has "
-                f"shape {tuple(out.shape)}"
+                f"the gradient for {name} has shape {tuple(g.shape)}, but {name} has shape "
+                f"{tuple(out.shape)}"
             )
         tensors.append(out)
         grads.append(g)
@@ -173,6 +186,23 @@ def stage_backward_full(
     return result
 
 
+def _input_pass(
+    tensors: list[torch.Tensor], grads: list[torch.Tensor], targets: list[Any]
+) -> tuple[torch.Tensor | None, ...]:
+    """I's one engine call: from the outputs to `targets` (tensors or GradientEdges), in the
+    input direction only, keeping the graph for W."""
+    with grad_directions(GradDirection.INPUT), reentrant_hint():
+        # torch takes tensors and GradientEdges in one list; its stub wants one kind
+        return torch.autograd.grad(tensors, targets, grads, retain_graph=True, allow_unused=True)
+
+
+def _positions(nodes: list[Node]) -> dict[Node, list[int]]:
+    at: dict[Node, list[int]] = {}
+    for k, node in enumerate(nodes):
+        at.setdefault(node, []).append(k)
+    return at
+
+
 def _capture(slots: list[Captured | None], i: int, grad_outputs: Captured) -> None:
     slots[i] = grad_outputs  # the whole tuple: one gradient per output edge of the node
 
@@ -195,63 +225,36 @@ def stage_backward_input(
     inputs = check_tensors("inputs", inputs)
     weights = check_tensors("weights", list(weights))
     tensors, grads = _roots(outputs, output_grads)
-
     out_edges = [get_gradient_edge(t) for t in tensors]
     out_nodes = [e.node for e in out_edges]
-    input_nodes = [get_gradient_edge(x).node for x in inputs if x.requires_grad]
-    fast = _fast.use_fast_paths()
-    # the same analysis either way; the fast path keeps it per graph structure
-    plan = _plan.analyse_cached(out_nodes, input_nodes, weights) if fast else None
-    stage = plan if plan is not None else analyse_stage(out_nodes, input_nodes, weights)
-
-    edges_at: dict[Node, list[int]] = {}
-    for k, node in enumerate(out_nodes):
-        edges_at.setdefault(node, []).append(k)
     wanted = [x for x in inputs if x.requires_grad]
+    input_nodes = [get_gradient_edge(x).node for x in wanted]
     run_i = bool(wanted and tensors)  # first stage: nothing to do here, W does it all
-    eager = plan if run_i else None  # may I compute LayerNorm weight halves? (the fast plan)
+    fast = FastInput.start(out_nodes, input_nodes, weights, run_i)  # None: reference path only
+    # the same analysis either way; the fast path keeps it per graph structure
+    stage = fast.plan if fast else analyse_stage(out_nodes, input_nodes, weights)
+    edges_at = _positions(out_nodes)  # output node -> its positions among the outputs
     works: list[PendingGroup] = []
-    ready_edges = []  # the parameter edges of LayerNorm-like groups, asked for in I
     handles = []
     try:
         for i, group in enumerate(stage.groups):
             work = PendingGroup(group, tensors=stage.tensors[i])
-            if plan is not None and len(group.intermediates) == 1:
-                work.free = plan.slot_names(group.intermediates[0])
             works.append(work)
             for root in group.roots:  # outputs outside the input closure start W directly
                 work.roots += [(out_edges[k], grads[k]) for k in edges_at.get(root, ())]
-            edges = _fast.eager_edges(eager.eager[i]) if eager is not None else []
-            if edges:  # nothing to capture: I hands W the parameter gradients
-                work.ready = [(e, None) for e in edges]
-                ready_edges += edges
+            if fast and fast.take_group(i, work):  # I computes its weight grads itself
                 continue
-            work.captured = [None] * len(group.intermediates)
+            work.captured = [None] * len(group.intermediates)  # what reaches its split points
             for j, node in enumerate(group.intermediates):
                 handles.append(node.register_prehook(functools.partial(_capture, work.captured, j)))
-
-        # what W never runs, to free when I returns: (node, its saved-tensor attributes)
-        late: list[tuple[Node, tuple[str, ...]]] = []
-        if eager is not None and not retain_graph:
-            early, rest = eager.input_only(works, tuple(t.shape for t in tensors))
-            handles += [release_when_run(node, eager.slot_names(node)) for node in early]
-            late = [(node, eager.slot_names(node)) for node in rest]
+        if fast and not retain_graph:
+            handles += fast.free_early(works, tensors)
         found: tuple = ()
         if run_i:
-            with grad_directions(GradDirection.INPUT), reentrant_hint():
-                # torch takes tensors and GradientEdges in one list; its stub wants one kind
-                found = torch.autograd.grad(
-                    tensors,
-                    [*wanted, *ready_edges],  # type: ignore[arg-type]
-                    grads,
-                    retain_graph=True,
-                    allow_unused=True,
-                )
-            ready_grads = iter(found[len(wanted) :])
-            for work in works:
-                work.ready = [(e, next(ready_grads)) for e, _ in work.ready]
-            for node, names in late:
-                release_named(node, names)
+            also = fast.ready_edges if fast else []  # the fast path's weight gradients in I
+            found = _input_pass(tensors, grads, [*wanted, *also])
+            if fast:
+                fast.finish(works, found[len(wanted) :])
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle
