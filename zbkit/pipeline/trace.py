@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, NamedTuple
 
+from zbkit._display import show
 from zbkit.schedules import Costs, Event, bubble_rate, memory_deltas, memory_steps
 from zbkit.schedules.costs import stage_costs
 from zbkit.schedules.events import CommEvent
@@ -59,10 +60,8 @@ class Trace:
         )
 
     def _repr_html_(self) -> str:
-        """A notebook shows what each rank ran, kinds coloured, under the numbers."""
-        from zbkit.viz._html import trace_html  # lazily: nothing here imports viz
-
-        return trace_html(self)
+        """A notebook shows what each rank ran, kinds coloured, under the numbers (viz)."""
+        return show(self)
 
     @classmethod
     def merge(cls, traces: Iterable[Trace | None]) -> Trace:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import cast
 
+from zbkit._display import show
 from zbkit.schedules._grid import render_grid
 from zbkit.schedules.action import Action, Overlap, parse_item
 from zbkit.schedules.torch_ops import TorchOp, derive_torch_ops, parse_torch_op
@@ -108,9 +109,7 @@ class Schedule:
         printer.text(repr(self) + "\n" + self.to_grid())
 
     def _repr_html_(self) -> str:  # a notebook: the grid as a table, kinds coloured
-        from zbkit.viz._html import schedule_html
-
-        return schedule_html(self)
+        return show(self)  # zbkit.viz draws it (zbkit._display: data never imports viz)
 
     @classmethod
     def from_program(

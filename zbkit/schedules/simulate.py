@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from zbkit._display import show
 from zbkit.schedules import _engine
 from zbkit.schedules._timeline import keyed_costs, running_peak
 from zbkit.schedules.action import PARTS, Action, Overlap
@@ -115,10 +116,8 @@ class Simulation:
         )
 
     def _repr_html_(self) -> str:
-        """A notebook shows the grid, kinds coloured, under the numbers (`viz._html`)."""
-        from zbkit.viz._html import simulation_html  # lazily: nothing here imports viz
-
-        return simulation_html(self)
+        """A notebook shows the grid, kinds coloured, under the numbers (drawn by viz)."""
+        return show(self)
 
 
 def _fmt(values: Sequence[float]) -> str:

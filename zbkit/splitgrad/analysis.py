@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import Node
 
+from zbkit._display import show
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node, ordered_closure
 from zbkit.splitgrad._groups import ParamGroup, group_params
 
@@ -90,11 +91,9 @@ class SplitGradAnalysis:
 
     def to_dot(self) -> graphviz.Digraph:
         """The autograd graph with its groups and split points: `zbkit.viz.draw_graph(self)`."""
-        # imported here: drawing lives in viz, which reads splitgrad; splitgrad itself
-        # stays pure torch and must not import viz (or graphviz) when it is imported
-        from zbkit.viz import draw_graph
-
-        return draw_graph(self)
+        # drawing lives in viz, which reads splitgrad; splitgrad stays pure torch and asks
+        # the display protocol, which imports viz (and graphviz) only when a graph is drawn
+        return show(self, "dot")
 
 
 def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:

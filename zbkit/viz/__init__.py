@@ -14,8 +14,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from zbkit._display import renders
+from zbkit.viz import _html  # noqa: F401  registers the notebook forms of the data classes
 from zbkit.viz.graph import draw_graph
 from zbkit.viz.timeline import Timeline, timeline
+
+renders("SplitGradAnalysis", "dot")(draw_graph)  # analysis.to_dot(), by zbkit._display
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from zbkit.viz.frontier import plot_frontier

@@ -12,6 +12,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from zbkit._display import renders
 from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.viz._colors import kind_color
 
@@ -77,6 +78,7 @@ def _title(schedule: Any) -> str:
     )
 
 
+@renders("Schedule")
 def schedule_html(schedule: Any) -> str:
     """The schedule's grid (one row per rank, one column per step), kinds coloured."""
     return (
@@ -84,6 +86,7 @@ def schedule_html(schedule: Any) -> str:
     )
 
 
+@renders("Simulation")
 def simulation_html(sim: Any) -> str:
     """The simulation's numbers (bubble rate, makespan, peak memory per rank) over its grid."""
     numbers = _numbers(
@@ -99,6 +102,7 @@ def simulation_html(sim: Any) -> str:
     )
 
 
+@renders("Trace")
 def trace_html(trace: Any) -> str:
     """A measured run: its numbers over the grid of what each rank ran, in time order."""
     rows: dict[int, list[tuple[str, Sequence[str]]]] = {}
