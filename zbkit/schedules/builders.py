@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from zbkit.schedules._auto import PLACEMENTS, AutoSearch, search
 from zbkit.schedules.action import KINDS, PARTS
-from zbkit.schedules.catalog import RECORDS, SCHEDULES, record
+from zbkit.schedules.catalog import RECORDS, SCHEDULES, record, searchers
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
 
@@ -62,10 +62,9 @@ def build_schedule(
     _check(name, pp, microbatches)
     found = RECORDS[name]
     if found.searches == "never" and (costs is not None or memory_limit is not None):
-        searchers = " and ".join(r.name for r in RECORDS.values() if r.searches != "never")
         raise ValueError(
             f"{name} takes no costs/memory_limit (its order is fixed; simulate it with "
-            f"costs instead). {searchers} build for costs under a limit"
+            f"costs instead). {' and '.join(searchers())} build for costs under a limit"
         )
     for option in options:
         if option not in found.options:

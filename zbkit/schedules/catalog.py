@@ -30,6 +30,7 @@ __all__ = [
     "Style",
     "record",
     "register",
+    "searchers",
     "stage_to_rank",
 ]
 
@@ -116,6 +117,12 @@ def record(name: str) -> ScheduleRecord:
     if name not in RECORDS:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(RECORDS)}")
     return RECORDS[name]
+
+
+def searchers() -> list[str]:
+    """The names that build for costs under a memory limit, the pure searches first."""
+    found = [r for r in RECORDS.values() if r.searches != "never"]
+    return [r.name for r in sorted(found, key=lambda r: r.searches != "always")]
 
 
 class _Names(Sequence[str]):
@@ -232,8 +239,8 @@ for _record in (
         style=Style("#17becf", "D"), formulas=Formulas(f.interleaved_bubble, f.interleaved_peak),
     ),
     ScheduleRecord(
-        "zb-h1", _single(fixed.zb_h1), "zero bubble, 1F1B's memory: W delayed into the bubble",
-        style=Style("#2ca02c", "^"),
+        "zb-h1", _single(fixed.zb_h1),
+        "1F1B's memory, the bubble cut to (p-1)(F+I-W) by delaying W", style=Style("#2ca02c", "^"),
         formulas=Formulas(f.zb_h1_bubble, f.one_f_one_b_peak, "W <= min(F, I) and m >= p"),
     ),
     ScheduleRecord(

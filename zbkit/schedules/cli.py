@@ -7,7 +7,7 @@ import sys
 
 from zbkit.schedules._candidates import Candidate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
-from zbkit.schedules.catalog import RECORDS, SCHEDULES
+from zbkit.schedules.catalog import RECORDS, SCHEDULES, searchers
 from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.schedules.formulas import bubble, conditions
 from zbkit.schedules.schedule import Schedule, ScheduleError
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-limit",
         type=float,
         default=None,
-        help=f"{_takers(lambda r: r.searches != 'never')}: peak per rank in {MEMORY_UNIT} (x M_B)",
+        help=f"{', '.join(searchers())}: peak per rank in {MEMORY_UNIT} (x M_B)",
     )
     parser.add_argument(
         "--placement",
