@@ -32,7 +32,7 @@ from typing import cast
 
 from zbkit.schedules import _engine
 from zbkit.schedules._build_heuristic import sweep
-from zbkit.schedules._timeline import TOL, keyed_costs, running_peak
+from zbkit.schedules._timeline import TOL, Timeline, keyed_costs, running_peak
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
@@ -65,18 +65,15 @@ def _fits(actions: list[Action], delta: dict[tuple[int, str], float], limit: flo
 def _late_ws(
     schedule: Schedule,
     times: dict[int, list[tuple[float, float]]],
-    comm: list[float],
+    costs: list[Costs],
 ) -> dict[int, list[int]]:
     """Per rank, positions of Ws on the critical path that overran an action's input."""
-    program, where = plain_program(schedule), schedule.stage_to_rank
-    last = schedule.num_stages - 1
-    # (what, stage, microbatch) -> (rank, position) of the action that provides it
-    makes = _engine.tables()[0]
-    provider = {
-        (makes[a.kind], a.stage, a.microbatch): (r, k)
-        for r, actions in program.items()
-        for k, a in enumerate(actions)
-    }
+    program = {r: list(actions) for r, actions in plain_program(schedule).items()}
+    timeline = Timeline(costs, schedule.stage_to_rank, schedule.microbatches)
+    timeline.load(program, times)  # what each action waited for: the timeline's rule
+    # (stage, kind, microbatch) -> (rank, position) of that action
+    where = {(a.stage, a.kind, a.microbatch): (r, k)
+             for r, actions in program.items() for k, a in enumerate(actions)}  # fmt: skip
     r = max(times, key=lambda q: times[q][-1][1] - times[q][0][0] if times[q] else -1.0)
     k = len(program[r]) - 1
     late: dict[int, list[int]] = {}
@@ -84,12 +81,10 @@ def _late_ws(
         a = program[r][k]
         start = times[r][k][0]
         # when the inputs of `a` arrived, and from which action (the latest one)
+        latest = timeline.latest_input(a.stage, a.kind, a.microbatch)
         arrival, source = -1.0, None
-        for need in _engine.dependencies(a, last):
-            q, i = provider[need]
-            t = times[q][i][1] + (comm[a.stage] if where[need[1]] != r else 0.0)
-            if t > arrival:
-                arrival, source = t, (q, i)
+        if latest is not None:
+            arrival, source = latest[0], where[latest[1], latest[2], a.microbatch]
         if k > 0 and source is not None:
             prev = program[r][k - 1]
             p_start, p_end = times[r][k - 1]
@@ -122,7 +117,7 @@ def defer_late_ws(
     score = _score(times)
     current = best
     for _ in range(rounds):
-        late = _late_ws(current, times, comm)
+        late = _late_ws(current, times, costs)
         if not late:
             break
         program = dict(plain_program(current))

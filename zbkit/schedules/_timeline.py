@@ -163,6 +163,28 @@ class Timeline:
                 t = e
         return t
 
+    def latest_input(self, stage: int, kind: str, j: int) -> tuple[float, int, str] | None:
+        """(arrival, stage, kind) of the input of (stage, kind, j) that arrives last (the
+        first of equals), all its inputs placed; None if it needs none. What a walk along
+        the critical path follows (`_refine`)."""
+        latest, r = None, self.where[stage]
+        for s, k in self.inputs[kind][stage]:
+            e = self.end[k][s][j]
+            assert e is not None, f"{s}{k}{j} is not placed"
+            t = e + self.comm[stage] if self.where[s] != r else e
+            if latest is None or t > latest[0]:
+                latest = (t, s, k)
+        return latest
+
+    def load(
+        self, program: dict[int, list[Action]], times: dict[int, list[tuple[float, float]]]
+    ) -> None:
+        """Take a finished program's end times (the engine's `run` gives the same as placing
+        it here), to ask what each action waited for."""
+        for r, actions in program.items():
+            for a, (_, end) in zip(actions, times[r], strict=True):
+                self.end[a.kind][a.stage][a.microbatch] = end
+
     def fits(self, stage: int, kind: str, extra: float = 0.0) -> bool:
         """Whether running (stage, kind) keeps its rank's memory (plus `extra`) under the limit."""
         return self.held[self.where[stage]] + self.mem[stage][kind] + extra <= self.limit + TOL
