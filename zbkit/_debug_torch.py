@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from zbkit.schedules import Schedule
 
-ERROR, WAITING = "<-- ERROR HERE", "<-- WAITING HERE"
-
 
 class TorchProgress:
     """Where this rank is in a step of a torch.distributed.pipelining schedule.
@@ -124,5 +122,12 @@ class TorchProgress:
         else:
             line = f"waits before {cell} ({self.name}, position {position}: the next action; "
             line += f"{done}, the last {self.last})"
-        grid = self.schedule.to_grid([(self.rank, position)]).replace(ERROR, WAITING)
+        grid = waiting_grid(self.schedule, self.rank, position)
         return f"rank {self.rank} {line}\n{inside}{grid}\n"
+
+
+def waiting_grid(schedule: Schedule, rank: int, position: int) -> str:
+    """The schedule's grid around the action `rank` waits in, marked `<-- WAITING HERE`."""
+    from zbkit.schedules._grid import WAITING, render_grid
+
+    return render_grid(schedule.program, [(rank, position)], window=True, marker=WAITING)

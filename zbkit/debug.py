@@ -38,9 +38,7 @@ import traceback
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from zbkit._debug_torch import ERROR as _ERROR
-from zbkit._debug_torch import WAITING as _WAITING
-from zbkit._debug_torch import TorchProgress
+from zbkit._debug_torch import TorchProgress, waiting_grid
 
 if TYPE_CHECKING:
     from zbkit.schedules import Schedule
@@ -221,12 +219,14 @@ class Watchdog:
                 time.sleep(1)
             return
         frames = [f for f, _ in traceback.walk_tb(tb)][::-1]  # innermost first
+        from zbkit.schedules._grid import WAITING, as_waiting
+
         failed = "".join(traceback.format_exception(type(exc), exc, tb))
         # the runner's note marks the action it waited for: that is where it waited
-        failed = failed.replace(_ERROR, _WAITING)
+        failed = as_waiting(failed)
         # this thread's stack is the traceback; the live one would show only this hook
         text = f"the wait that failed ({where}):\n{failed}\n" + _stacks(threading.get_ident())
-        text += self._grid(frames, "" if _WAITING in failed else None)
+        text += self._grid(frames, "" if WAITING in failed else None)
         self._finish(f"a wait failed: {type(exc).__name__}", text, frames)
 
     def _finish(self, why: str, text: str, frames: list[FrameType]) -> None:
@@ -255,8 +255,7 @@ class Watchdog:
         schedule = schedule or self.schedule
         if schedule is None:
             return f"rank {rank} waits at {what} (pass install(schedule=...) to draw the grid)\n"
-        # Schedule.to_grid marks cells as errors; here the marked cell is where it waits
-        grid = schedule.to_grid([(rank, position)]).replace(_ERROR, _WAITING)
+        grid = waiting_grid(schedule, rank, position)
         return f"rank {rank} waits at position {position}: {what}\n{grid}\n"
 
 

@@ -1,4 +1,5 @@
-"""Rank-by-step text grid of a schedule, with failing cells marked `<-- ERROR HERE`."""
+"""Rank-by-step text grid of a schedule, with marked cells: `<-- ERROR HERE` where the
+validator or a runner failed, `<-- WAITING HERE` where `zbkit.debug` found a rank waiting."""
 
 from __future__ import annotations
 
@@ -7,16 +8,21 @@ from collections.abc import Iterable, Mapping, Sequence
 # Errors show a window of steps around the failing cells so a 768-step program stays readable.
 _CONTEXT = 6
 
+ERROR = "<-- ERROR HERE"  # a cell the validator rejects or a runner failed in
+WAITING = "<-- WAITING HERE"  # the action a rank sits waiting in (zbkit.debug)
+
 
 def render_grid(
     program: Mapping[int, Sequence[object]],
     marks: Iterable[tuple[int, int]] = (),
     window: bool = False,
+    marker: str = ERROR,
 ) -> str:
     """One row per rank, one column per position in that rank's program.
 
-    `marks` are (rank, position) cells to bracket; their rows end in `<-- ERROR HERE`.
-    A position equal to the program's length marks "the end of the program".
+    `marks` are (rank, position) cells to bracket; their rows end in `marker` (`ERROR` or
+    `WAITING`). A position equal to the program's length marks "the end of the program".
+    `window`: only the steps around the marks.
     """
     marks = set(marks)
     ranks = sorted(program)
@@ -46,6 +52,13 @@ def render_grid(
         )
         line = f"{f'rank {r}':<{label}} {lead}{row}{tail}".rstrip()
         if any(m[0] == r for m in marks):
-            line += "  <-- ERROR HERE"
+            line += f"  {marker}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def as_waiting(text: str) -> str:
+    """`text` (a traceback holding a runner's note) with its error-marked grid rows re-marked
+    as waiting: a runner marks where its wait failed, which `zbkit.debug` reports as the
+    place the rank waited."""
+    return text.replace(ERROR, WAITING)
