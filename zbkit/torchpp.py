@@ -40,7 +40,7 @@ from torch.distributed.pipelining import _backward as torch_backward
 from torch.distributed.pipelining import stage as torch_stage
 
 from zbkit import splitgrad
-from zbkit.splitgrad._backward import NO_GRAPH
+from zbkit.splitgrad._backward import NO_GRAPH, output_roots
 
 __all__ = [
     "ExactParamGroups",
@@ -91,21 +91,17 @@ def stage_backward_input(
     leaves `.grad` None, so a buffer does not hold them until the step ends).
     """
     outputs = list(stage_outputs_or_loss)
-    # like torch: an output that carries no graph takes no part in the backward
-    keep = [
-        k
-        for k, o in enumerate(outputs)
-        if isinstance(o, torch.Tensor) and (o.requires_grad or o.grad_fn is not None)
-    ]
-    roots = [outputs[k] for k in keep]
-    if output_grads is None and outputs and not roots:  # a loss: torch's backward refuses it
-        raise RuntimeError(
-            f"the loss does not require grad, so this step would train nothing; {NO_GRAPH}"
-        )
-    if output_grads is None:
-        grads: list[torch.Tensor | None] = [torch.ones_like(o) for o in roots]
-    else:
-        grads = [output_grads[k] for k in keep]
+    if output_grads is None:  # the outputs are the loss: torch gives them ones
+        output_grads = [
+            torch.ones_like(o) if isinstance(o, torch.Tensor) and o.requires_grad else None
+            for o in outputs
+        ]
+        if outputs and all(g is None for g in output_grads):  # torch's backward refuses it
+            raise RuntimeError(
+                f"the loss does not require grad, so this step would train nothing; {NO_GRAPH}"
+            )
+    # like torch: an output that carries no graph (or no gradient) takes no part
+    roots, grads = output_roots(outputs, output_grads)
     tensor_at = [k for k, v in enumerate(input_values) if isinstance(v, torch.Tensor)]
     params = [w for w in weights if w.requires_grad]  # a frozen parameter gets no gradient
     result = splitgrad.stage_backward_input(
@@ -118,8 +114,8 @@ def stage_backward_input(
     # from nodes the PendingWeight holds, not from these tensors); a view cannot be
     # detached in place, so it keeps its graph until torch drops it after W, as
     # torch's own stage.py does for the last stage's outputs
-    for t in roots:
-        if t.grad_fn is not None and not t._is_view():
+    for t in outputs:
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None and not t._is_view():
             t.detach_()
     return tuple(dinputs), ExactParamGroups(result.pending_weight)
 

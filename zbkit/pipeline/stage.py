@@ -7,14 +7,16 @@ outputs, the gradients of its inputs); the executors move those between stages.
 Per microbatch ``j`` the state walks through two caches::
 
     F(j)          -> _activations[j]  = inputs, outputs (graph attached), loss root
-    I(j)          -> _pending_weight[j] = what W(j) needs; the activation entry is gone
+    I(j)          -> _weight_tasks[j] = what W(j) needs; the activation entry is gone
     W(j)          -> nothing left
     B(j) = I + W  -> nothing left
 
 The sizes of those two caches are what the simulator's memory model counts (F adds an
 activation, I turns it into pending weight state, W and B free it), so the runner can record
 them and compare with ``Simulation.peak_memory``; ``held_activation_bytes`` says what the
-activations weigh in bytes (the tensors autograd saved, see ``_saved.py``).
+activations weigh in bytes (the tensors autograd saved, see ``_saved.py``). The forms its
+tensors take (zbkit's dicts, torch's Tensors and tuples) are turned into one another in
+``_forms.py``.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import torch
 from torch import nn
 
 from zbkit import splitgrad
+from zbkit.pipeline import _forms
+from zbkit.pipeline._forms import Tensors
 from zbkit.pipeline._saved import count_saved, signature
-from zbkit.splitgrad._backward import NO_GRAPH
+from zbkit.splitgrad._backward import NO_GRAPH, output_roots
 
-Tensors = dict[str, torch.Tensor]
 Message = dict[str, torch.Tensor | None]  # what travels: a None keeps its place in a tuple
 
 
@@ -44,7 +47,10 @@ class _Activation:
 
 
 @dataclass(slots=True)
-class _PendingWeight:
+class _WeightTask:
+    """The W one microbatch still owes after its I: the split W, or the whole backward
+    deferred to W (stage 0, or a stage with no input gradient to send)."""
+
     roots: list[torch.Tensor]  # deferred full backward: where it starts
     split: splitgrad.PendingWeight | None = None  # from stage_backward_input; None: a full B
     root_grads: list[torch.Tensor] | None = None  # only for the deferred full backward
@@ -94,7 +100,7 @@ class PipelineStage:
         self.num_stages = num_stages
         self.split_first_stage = split_first_stage and stage_index == 0
         self._activations: dict[int, _Activation] = {}
-        self._pending_weight: dict[int, _PendingWeight] = {}
+        self._weight_tasks: dict[int, _WeightTask] = {}
         self._saved_bytes: dict[tuple, int] = {}  # input signature -> bytes one F saves
         self._returns: type | int = dict  # the module's output: dict, Tensor or a tuple's length
 
@@ -120,7 +126,7 @@ class PipelineStage:
     @property
     def held_weight_state(self) -> int:
         """Microbatches between I and W (the simulator's ``mem_weight`` units)."""
-        return len(self._pending_weight)
+        return len(self._weight_tasks)
 
     def __repr__(self) -> str:
         return (
@@ -145,16 +151,16 @@ class PipelineStage:
         mask)`` from the previous stage arrives as ``module(hidden, None, mask)``.
         Returns the outputs by name, ``None`` ones included (they travel as ``None``).
         """
-        if microbatch in self._activations or microbatch in self._pending_weight:
+        if microbatch in self._activations or microbatch in self._weight_tasks:
             raise StageError(f"{self._name(microbatch)}: forward ran twice before its backward")
         if self.split_first_stage:  # leaves that collect a (discarded) gradient: see __init__
-            inputs = _as_leaves(inputs)
+            inputs = _forms.as_leaves(inputs)
         if isinstance(inputs, torch.Tensor):
             args, inputs = (inputs,), {"input": inputs}
         elif isinstance(inputs, tuple | list):
             args, inputs = tuple(inputs), {str(i): v for i, v in enumerate(inputs)}
         elif isinstance(inputs, Mapping):
-            args = _positional(inputs)  # a Tensor / tuple the previous stage returned
+            args = _forms.positional(inputs)  # a Tensor / tuple the previous stage returned
         else:
             raise StageError(
                 f"{self._name(microbatch)}: inputs must be a tensor, a tuple or a dict of "
@@ -171,9 +177,12 @@ class PipelineStage:
         except Exception as exc:  # re-raised with the stage named; the cause keeps its trace
             raise StageError(
                 f"{self._name(microbatch)}: the module's forward raised "
-                f"{type(exc).__name__}: {exc} (inputs: {_describe(inputs)})"
+                f"{type(exc).__name__}: {exc} (inputs: {_forms.describe(inputs)})"
             ) from exc
-        out, self._returns = _as_dict(out, self._name(microbatch))
+        form = _forms.as_dict(out)
+        if form is None:
+            raise StageError(f"{self._name(microbatch)}: {_forms.unknown_form(out)}")
+        out, self._returns = form
         outputs = {k: v for k, v in out.items() if v is not None}  # what the backward starts at
         self._activations[microbatch] = _Activation(dict(inputs), outputs, nbytes=nbytes)
         return dict(out)
@@ -216,19 +225,19 @@ class PipelineStage:
         act = self._take_activation(microbatch, "I")
         roots, grads = self._roots(microbatch, act, output_grads)
         use_inputs = not self.is_first or self.split_first_stage
-        names, inputs = _grad_inputs(act.inputs) if use_inputs else ([], [])
+        names, inputs = _forms.grad_inputs(act.inputs) if use_inputs else ([], [])
         if not inputs or not roots:  # no input gradient to compute: run it all at W
-            self._pending_weight[microbatch] = _PendingWeight(roots, None, grads)
+            self._weight_tasks[microbatch] = _WeightTask(roots, None, grads)
             return {}
         with self._naming(microbatch, "I"):
             result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
         # the pending W holds the graph it walks; the outputs themselves can go
-        self._pending_weight[microbatch] = _PendingWeight([], result.pending_weight)
-        return {} if self.is_first else _named_grads(names, result.input_grads)
+        self._weight_tasks[microbatch] = _WeightTask([], result.pending_weight)
+        return {} if self.is_first else _forms.named_grads(names, result.input_grads)
 
     def backward_weight(self, microbatch: int) -> None:
         """W: accumulates this microbatch's weight gradients into ``.grad``."""
-        pending = self._pending_weight.pop(microbatch, None)
+        pending = self._weight_tasks.pop(microbatch, None)
         if pending is None:
             state = "has not run F" if microbatch not in self._activations else "has not run I"
             raise StageError(f"{self._name(microbatch)}: W before I ({state})")
@@ -247,25 +256,25 @@ class PipelineStage:
         roots, grads = self._roots(microbatch, act, output_grads)
         if not roots:
             return {}
-        names, inputs = _grad_inputs(act.inputs) if not self.is_first else ([], [])
+        names, inputs = _forms.grad_inputs(act.inputs) if not self.is_first else ([], [])
         with self._naming(microbatch, "B"):
             input_grads = splitgrad.stage_backward_full(roots, grads, inputs)
-        return _named_grads(names, input_grads)
+        return _forms.named_grads(names, input_grads)
 
     # ------------------------------------------------------------------ housekeeping
     def assert_clean(self) -> None:
         """After a step: nothing cached (every F met its I/B and every I its W)."""
-        if self._activations or self._pending_weight:
+        if self._activations or self._weight_tasks:
             raise StageError(
                 f"stage {self.stage_index} still holds microbatches "
-                f"{sorted(self._activations)} (no I/B yet) and {sorted(self._pending_weight)} "
+                f"{sorted(self._activations)} (no I/B yet) and {sorted(self._weight_tasks)} "
                 "(no W yet) after the step: the schedule misses those actions"
             )
 
     def reset(self) -> None:
         """Drops every cached microbatch (after a failed step), freeing its graph."""
         self._activations.clear()
-        self._pending_weight.clear()
+        self._weight_tasks.clear()
 
     @contextlib.contextmanager
     def _naming(self, microbatch: int, what: str) -> Iterator[None]:
@@ -280,7 +289,7 @@ class PipelineStage:
     def _take_activation(self, microbatch: int, what: str, pop: bool = True) -> _Activation:
         act = self._activations.get(microbatch)
         if act is None:
-            state = "already ran its backward" if microbatch in self._pending_weight else "no F"
+            state = "already ran its backward" if microbatch in self._weight_tasks else "no F"
             raise StageError(f"{self._name(microbatch)}: {what} before F ({state})")
         if pop:
             del self._activations[microbatch]
@@ -304,56 +313,11 @@ class PipelineStage:
                 f"{self._name(microbatch)}: got gradients for {unknown}, which are not outputs "
                 f"of this stage (outputs: {sorted(act.outputs)})"
             )
-        roots, root_grads = [], []
-        for name, out in act.outputs.items():
-            g = grads.get(name)
-            if g is None or not out.requires_grad:
-                continue  # the next stage did not differentiate through this output
-            if g.shape != out.shape:
-                raise StageError(
-                    f"{self._name(microbatch)}: gradient for output {name!r} has shape "
-                    f"{tuple(g.shape)}, the output has {tuple(out.shape)}"
-                )
-            roots.append(out)
-            root_grads.append(g)
-        return roots, root_grads
-
-
-def _as_dict(out: Any, where: str) -> tuple[Mapping[str, Any], type | int]:
-    """A module's output as a dict, and its form (for ``module_output``).
-
-    torch's forms get positional keys: a Tensor ``{"0": t}``, a tuple ``{"0": t0, "1": t1}``.
-    Digits are no Python argument name, so these keys never clash with a dict module's.
-    """
-    if isinstance(out, torch.Tensor):
-        return {"0": out}, torch.Tensor
-    if isinstance(out, tuple | list) and all(isinstance(v, torch.Tensor | None) for v in out):
-        return {str(i): v for i, v in enumerate(out)}, len(out)
-    if isinstance(out, Mapping) and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor | None) for k, v in out.items()
-    ):
-        return out, dict
-    raise StageError(
-        f"{where}: a stage module must return a Tensor, a tuple of Tensors (torch's forms) or "
-        f"dict[str, Tensor] (zbkit's: outputs by name), got {_kind(out)}"
-    )
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, tuple | list | Mapping):
-        items = value.values() if isinstance(value, Mapping) else value
-        inner = sorted({type(v).__name__ for v in items})
-        return f"{type(value).__name__} of {', '.join(inner) or 'nothing'}"
-    return type(value).__name__
-
-
-def _positional(inputs: Mapping[str, Any]) -> tuple:
-    """The positional arguments a Tensor- or tuple-returning previous stage handed over:
-    keys "0".."n-1" (in any order: the wire sorts names as strings, "10" before "2")."""
-    n = len(inputs)
-    if n and all(k.isdigit() for k in inputs) and {int(k) for k in inputs} == set(range(n)):
-        return tuple(inputs[str(i)] for i in range(n))
-    return ()
+        names = list(act.outputs)  # the next stage did not differentiate through some
+        try:
+            return output_roots(list(act.outputs.values()), [grads.get(n) for n in names], names)
+        except ValueError as exc:  # a gradient of the wrong shape, named
+            raise StageError(f"{self._name(microbatch)}: {exc}") from None
 
 
 # torch's PipelineStage keywords that zbkit does without, and why (said in the error)
@@ -380,38 +344,3 @@ def _refuse_torch_only(stage_index: int, given: Mapping[str, Any]) -> None:
         f"PipelineStage; zbkit's takes (module, stage_index, num_stages, device) and differs "
         f"on purpose: {reasons}"
     )
-
-
-def _as_leaves(inputs: Mapping[str, Any] | torch.Tensor | tuple) -> Any:
-    def leaf(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t.detach().requires_grad_()
-        return t
-
-    if isinstance(inputs, torch.Tensor):
-        return leaf(inputs)
-    if isinstance(inputs, tuple | list):
-        return tuple(leaf(v) for v in inputs)
-    if isinstance(inputs, Mapping):
-        return {k: leaf(v) for k, v in inputs.items()}
-    return inputs
-
-
-def _grad_inputs(inputs: Tensors) -> tuple[list[str], list[torch.Tensor]]:
-    """The inputs a gradient is sent back for: those that arrived requiring grad."""
-    names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-    return names, [inputs[k] for k in names]
-
-
-def _named_grads(names: list[str], grads: list[torch.Tensor | None]) -> Tensors:
-    return {k: g for k, g in zip(names, grads, strict=True) if g is not None}
-
-
-def _describe(tensors: Mapping[str, Any]) -> str:
-    parts = []
-    for k, v in tensors.items():
-        if isinstance(v, torch.Tensor):
-            parts.append(f"{k}: {str(v.dtype).removeprefix('torch.')}{list(v.shape)}")
-        else:
-            parts.append(f"{k}: {type(v).__name__}")
-    return "{" + ", ".join(parts) + "}"
