@@ -15,9 +15,10 @@ import pytest
 from zbkit.schedules import Costs, Schedule, _bounds, build_schedule, simulate, validate
 from zbkit.schedules._auto import CANDIDATES, Problem
 from zbkit.schedules._build_fixed import zb_v as zb_v_construction
-from zbkit.schedules._build_greedy import Moves, Slower, greedy
+from zbkit.schedules._build_greedy import Moves, greedy
 from zbkit.schedules._build_heuristic import heuristic, sweep
 from zbkit.schedules._refine import defer_late_ws
+from zbkit.schedules._timeline import Slower
 from zbkit.schedules.builders import explain_auto
 from zbkit.schedules.costs import per_stage
 from zbkit.schedules.paper import TABLE5, TABLE6

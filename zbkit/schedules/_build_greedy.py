@@ -24,11 +24,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbkit.schedules._timeline import TOL, Slower, Timeline
+from zbkit.schedules._timeline import TOL, Timeline
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
-__all__ = ["Moves", "Slower", "greedy"]
+__all__ = ["Moves", "greedy"]
 
 
 @dataclass

@@ -6,9 +6,11 @@ first (leg 0), backwards on stage 2p-1-r first (leg 0: the I nearest the loss). 
 either pass flows from rank r-1 to rank r, leg 1 from rank r+1 to rank r, so one rule
 serves both passes.
 
-Time is counted as it is built: each action starts when its rank is free and its input has
-arrived (the input's end plus `comm`); a rank's bubble is its idle time after its first
-forward. The build has four phases:
+Time is counted as it is built, by the timeline every searched builder shares
+(`_timeline.Timeline`: an action starts when its rank is free and its inputs have arrived,
+plus `comm` from another rank); a rank's bubble is the timeline's idle time, counted after
+its first forward. This builder is the policy: which (rank, kind, leg) runs next. The
+build has four phases:
 
   1. warm-up: one leg-0 F on every rank; then, from the last rank up, the leg-0 Fs that
      fit before the rank's first leg-1 input arrives (memory allowing), then its leg-1 F;
