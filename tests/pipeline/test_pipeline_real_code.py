@@ -300,8 +300,10 @@ def test_a_schedule_that_is_not_built_yet_is_named() -> None:
         LocalPipeline(mods, SCHEDULE, "mse")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="takes a list of modules, one per stage"):
         LocalPipeline(mods[0], SCHEDULE, mse_loss)  # type: ignore[arg-type]
+    stages = [PipelineStage(m, s, 2) for s, m in enumerate(mods)]
+    with pytest.raises(RuntimeError, match=r"ScheduleRunner needs a process group: .*LocalPipel"):
+        ScheduleRunner(SCHEDULE, stages, mse_loss)  # no group here: the one check names the fix
     with one_rank_group():
-        stages = [PipelineStage(m, s, 2) for s, m in enumerate(mods)]
         with pytest.raises(TypeError, match="ScheduleRunner takes a zbkit Schedule"):
             ScheduleRunner("zb-v", stages, mse_loss)  # type: ignore[arg-type]
     from zbkit.schedules import validate
