@@ -15,6 +15,7 @@ from torch import nn
 from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, Event, build_schedule, simulate
 from zbkit.schedules.builders import explain_auto
+from zbkit.schedules.catalog import RECORDS
 from zbkit.schedules.events import rank_spans
 from zbkit.splitgrad import analyze
 from zbkit.viz import plot_memory
@@ -192,7 +193,7 @@ def test_run_viewer_shows_a_real_trace_beside_its_simulation():
     assert alone.compare.layout.display == "none" and "sim:" not in alone.numbers.value
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v"])
+@pytest.mark.parametrize("name", [n for n, r in RECORDS.items() if r.formulas is not None])
 def test_closed_forms_shown_agree_with_the_simulator(name):
     from zbkit.schedules.formulas import bubble, peak_memory
 

@@ -25,6 +25,7 @@ from torch import nn
 from zbkit.models import TinyTransformer, split_stages
 from zbkit.pipeline import LocalPipeline, PipelineStage, ScheduleRunner, SyntheticStage
 from zbkit.schedules import Costs, Schedule, build_schedule
+from zbkit.schedules.catalog import RECORDS
 from zbkit.schedules.measure import measured_costs
 
 
@@ -70,8 +71,9 @@ def mse(outputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor
 
 
 def make_schedule(name: str, pp: int, microbatches: int) -> Schedule:
-    # zb-auto plans with costs
-    extra: dict[str, Any] = {"costs": Costs()} if name == "zb-auto" else {}
+    # a schedule that always searches (zb-auto) plans with costs; the others take none
+    searches = RECORDS[name].searches == "always"
+    extra: dict[str, Any] = {"costs": Costs()} if searches else {}
     return build_schedule(name, pp=pp, microbatches=microbatches, **extra)
 
 

@@ -2,7 +2,9 @@
 
 Which schedule to pick under which memory budget: each fixed schedule is one point, zb-auto
 is a curve (its search under each memory limit, once per placement), and the frontier joins
-the points no other point beats on both axes. Every number comes from `simulate`.
+the points no other point beats on both axes. Every number comes from `simulate`. What is
+drawn and how (a point, or a curve per placement; colour and marker) is each schedule's
+record (`zbkit.schedules.catalog`).
 """
 
 from __future__ import annotations
@@ -15,34 +17,23 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
-from zbkit.schedules.builders import PLACEMENTS
+from zbkit.schedules.catalog import RECORDS, Style
 from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.viz._figure import ZbFigure
 
-# (colour, marker) per label: 1F1B's family blue, ZB-H green, V red, zb-auto's curves apart
-_STYLES = {
-    "gpipe": ("#7f7f7f", "o"),
-    "1f1b": ("#1f77b4", "s"),
-    "interleaved-1f1b": ("#17becf", "D"),
-    "looped-bfs": ("#8c564b", "h"),
-    "zb-h1": ("#2ca02c", "^"),
-    "zb-h2": ("#98c379", "v"),
-    "interleaved-zb": ("#bcbd22", "X"),
-    "zb-v": ("#d62728", "<"),
-    "v-half": ("#e377c2", "*"),
-    "v-min": ("#9e1f63", "P"),
-    "dualpipev": ("#2c3e50", "d"),  # not zb-auto's orange: it sits next to that curve
-    "zb-auto (linear)": ("#ff7f0e", ">"),
-    "zb-auto (v)": ("#9467bd", "p"),
-}
 _OTHER_MARKERS = "osD^v<>phX*P8d"
 
 
-def _style(label: str) -> tuple[str, str]:
-    if label in _STYLES:
-        return _STYLES[label]
-    i = SCHEDULES.index(label) if label in SCHEDULES else len(label)  # a schedule added later
-    return f"C{i % 10}", _OTHER_MARKERS[i % len(_OTHER_MARKERS)]
+def _styles() -> dict[str, Style]:
+    """(colour, marker) per label, from the records: a schedule's point, or each of a
+    search's curves ("zb-auto (v)"); a record without a style gets one by its position."""
+    out: dict[str, Style] = {}
+    for i, r in enumerate(RECORDS.values()):
+        for placement, style in r.curves.items():
+            out[f"{r.name} ({placement})"] = style
+        if not r.curves:
+            out[r.name] = r.style or Style(f"C{i % 10}", _OTHER_MARKERS[i % len(_OTHER_MARKERS)])
+    return out
 
 
 class FrontierPoint(NamedTuple):
@@ -106,33 +97,39 @@ def _point(schedule, costs, label, limit=None) -> FrontierPoint:
     return FrontierPoint(label, limit, max(sim.peak_memory), sim.bubble_rate)
 
 
+def _curve(pp, m, costs, name, placement, limits, points, skipped) -> None:
+    """A search's points under each limit (`name (placement)`), and the limits it refused."""
+    label = f"{name} ({placement})"
+    refused: list[tuple[float, str]] = []
+    for limit in limits:
+        options = dict(costs=costs, memory_limit=limit, placement=placement)
+        try:
+            schedule = build_schedule(name, pp=pp, microbatches=m, **options)
+        except ValueError as error:  # nothing fits this limit
+            refused.append((limit, _first_line(error)))
+            continue
+        points.append(_point(schedule, costs, label, limit))
+    if refused:
+        which = ", ".join(f"{x:g}" for x, _ in refused)
+        said = refused[-1][1].rstrip(":")
+        skipped[label] = f"no schedule under memory limits {which}; the search says: {said}"
+
+
 def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str, str]]:
+    """Every point: a fixed schedule's (built without costs), or a search's curves."""
     points: list[FrontierPoint] = []
     skipped: dict[str, str] = {}
     for name in names:
-        if name != "zb-auto":
-            try:
-                schedule = build_schedule(name, pp=pp, microbatches=m)
-            except ValueError as error:  # the builder's "cannot build this", with its reason
-                skipped[name] = _first_line(error).removeprefix(f"{name}: ")
-                continue
-            points.append(_point(schedule, costs, name))
+        for placement in RECORDS[name].curves:  # a search: one curve per placement
+            _curve(pp, m, costs, name, placement, limits, points, skipped)
+        if RECORDS[name].curves:
             continue
-        for placement in PLACEMENTS:
-            label = f"zb-auto ({placement})"
-            refused: list[tuple[float, str]] = []
-            for limit in limits:
-                options = dict(costs=costs, memory_limit=limit, placement=placement)
-                try:
-                    schedule = build_schedule(name, pp=pp, microbatches=m, **options)
-                except ValueError as error:  # nothing fits this limit
-                    refused.append((limit, _first_line(error)))
-                    continue
-                points.append(_point(schedule, costs, label, limit))
-            if refused:
-                which = ", ".join(f"{x:g}" for x, _ in refused)
-                said = refused[-1][1].rstrip(":")
-                skipped[label] = f"no schedule under memory limits {which}; the search says: {said}"
+        try:
+            schedule = build_schedule(name, pp=pp, microbatches=m)
+        except ValueError as error:  # the builder's "cannot build this", with its reason
+            skipped[name] = _first_line(error).removeprefix(f"{name}: ")
+            continue
+        points.append(_point(schedule, costs, name))
     return points, skipped
 
 
@@ -168,7 +165,6 @@ def plot_frontier(
     costs, names, limits = _check(pp, microbatches, costs, schedules, memory_limits)
     points, skipped = _collect(pp, microbatches, costs, names, limits)
     points = [p._replace(on_frontier=f) for p, f in zip(points, _on_frontier(points), strict=True)]
-
     notes = [f"not drawn: {name}: {why}" for name, why in skipped.items()]
     wrapped = [line for note in notes for line in textwrap.wrap(note, int(width * 13))]
     height = 4.6 + 0.17 * len(wrapped)
@@ -176,11 +172,28 @@ def plot_frontier(
     bottom = (0.75 + 0.17 * len(wrapped)) / height
     ax = fig.add_axes((0.08, bottom, 0.62, 1 - bottom - 0.45 / height))
 
+    handles = _draw_points(ax, points) + _draw_frontier(ax, points)
+    _label_axes(ax, pp, microbatches, costs)
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False
+    )
+    if wrapped:
+        note = "\n".join(wrapped)
+        fig.text(0.01, 0.1 / height, note, fontsize=7, va="bottom", color="#b00000", gid="skipped")
+
+    # the numbers drawn, on the figure itself (a Figure takes new attributes; its stub has none)
+    fig.points = points  # type: ignore[attr-defined]
+    fig.skipped = skipped  # type: ignore[attr-defined]
+    fig._zb_summary = _summary(points, skipped, pp, microbatches)
+    return fig
+
+
+def _draw_points(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
+    """Each fixed schedule's point and each search's curve; their legend handles."""
     # the same colour and marker for a schedule in every figure, whatever else is drawn
-    labels = list(dict.fromkeys(p.label for p in points))
-    styles = {label: _style(label) for label in labels}
+    styles = _styles()
     handles = []
-    for label in labels:
+    for label in dict.fromkeys(p.label for p in points):
         colour, marker = styles[label]
         mine = [p for p in points if p.label == label]
         star = " *" if any(p.on_frontier for p in mine) else ""
@@ -190,7 +203,7 @@ def plot_frontier(
             name = label + star
             handles.append(Line2D([], [], ls="", marker=marker, color=colour, ms=7, label=name))
             continue
-        # a zb-auto curve, in the order of the limits; each point its own artist (gid: limit)
+        # a search's curve, in the order of the limits; each point its own artist (gid: limit)
         xs, ys = [p.memory for p in mine], [p.bubble for p in mine]
         ax.plot(xs, ys, "-", color=colour, lw=1, alpha=0.6)
         for p in mine:
@@ -198,19 +211,26 @@ def plot_frontier(
             ax.plot(p.memory, p.bubble, marker, color=colour, ms=4.5, zorder=2, gid=gid)
         name = f"{label}, limits {mine[0].limit:g}-{mine[-1].limit:g}{star}"
         handles.append(Line2D([], [], marker=marker, color=colour, ms=4.5, label=name))
+    return handles
 
-    # the frontier: its points ringed, joined by a staircase (below it, nothing is reachable)
+
+def _draw_frontier(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
+    """The frontier: its points ringed, joined by a staircase (below it, nothing is
+    reachable); its legend handle (none without points)."""
     best = sorted({(p.memory, p.bubble) for p in points if p.on_frontier})
-    if best:
-        xs, ys = [x for x, _ in best], [y for _, y in best]
-        ring: dict[str, Any] = dict(marker="o", mfc="none", mec="black", mew=1.2)
-        ax.plot(xs, ys, ls="", ms=13, zorder=4, gid="frontier", **ring)
-        right = max(p.memory for p in points) * 1.04
-        line: dict[str, Any] = dict(color="black", lw=1.6, alpha=0.35)
-        ax.step([*xs, right], [*ys, ys[-1]], where="post", zorder=1, **line)
-        label = "Pareto frontier\n(* = some point on it)"
-        handles.append(Line2D([], [], ms=10, label=label, **ring, **line))
+    if not best:
+        return []
+    xs, ys = [x for x, _ in best], [y for _, y in best]
+    ring: dict[str, Any] = dict(marker="o", mfc="none", mec="black", mew=1.2)
+    ax.plot(xs, ys, ls="", ms=13, zorder=4, gid="frontier", **ring)
+    right = max(p.memory for p in points) * 1.04
+    line: dict[str, Any] = dict(color="black", lw=1.6, alpha=0.35)
+    ax.step([*xs, right], [*ys, ys[-1]], where="post", zorder=1, **line)
+    label = "Pareto frontier\n(* = some point on it)"
+    return [Line2D([], [], ms=10, label=label, **ring, **line)]
 
+
+def _label_axes(ax: Any, pp: int, microbatches: int, costs: Costs) -> None:
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(bottom=min(-0.02, ax.get_ylim()[0]))
     ax.set_ylabel("bubble rate (simulated)", fontsize=9)
@@ -230,23 +250,18 @@ def plot_frontier(
         fontsize=9,
         loc="left",
     )
-    ax.legend(
-        handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False
-    )
-    if wrapped:
-        note = "\n".join(wrapped)
-        fig.text(0.01, 0.1 / height, note, fontsize=7, va="bottom", color="#b00000", gid="skipped")
 
-    # the numbers drawn, on the figure itself (a Figure takes new attributes; its stub has none)
-    fig.points = points  # type: ignore[attr-defined]
-    fig.skipped = skipped  # type: ignore[attr-defined]
+
+def _summary(points: list[FrontierPoint], skipped: dict[str, str], pp: int, m: int) -> str:
+    """The figure's text form: what is drawn, what is on the frontier, what is not drawn."""
+    labels = list(dict.fromkeys(p.label for p in points))
     on = list(dict.fromkeys(p.label for p in points if p.on_frontier))
     fixed = [p for p in points if p.limit is None]
     missing = [name + (" at some limits" if name in labels else "") for name in skipped]
-    fig._zb_summary = (
+    searches = "/".join(r.name for r in RECORDS.values() if r.curves)
+    return (
         f"bubble vs peak memory of {len(fixed)} schedules and {len(labels) - len(fixed)} "
-        f"zb-auto curves, pp={pp}, m={microbatches}; "
+        f"{searches} curves, pp={pp}, m={m}; "
         f"frontier: {', '.join(on) or 'none'}"
         + (f"; not drawn (fig.skipped): {', '.join(missing)}" if skipped else "")
     )
-    return fig

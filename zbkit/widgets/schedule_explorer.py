@@ -20,6 +20,7 @@ import ipywidgets as w
 
 from zbkit.schedules import SCHEDULES, Costs, simulate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
+from zbkit.schedules.catalog import RECORDS, searchers
 from zbkit.schedules.costs import MEMORY_UNIT
 from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.schedules.throughput import throughput
@@ -33,6 +34,40 @@ _WIDTH_IN = 10.0  # figure width in inches: _WIDTH_IN * _DPI pixels, the image's
 
 def _fmt(values: list[float]) -> str:
     return ", ".join(f"{v:.3g}" for v in values)
+
+
+def _controls(
+    schedule: str, pp: int, m: int, costs: Costs, memory_limit: float, placement: str
+) -> dict[str, Any]:
+    """The widgets, by name: the schedule (every registered one), sizes, costs, limit and
+    the placement of the schedules that take one."""
+    slider = dict(continuous_update=False)
+    takers = ", ".join(r.name for r in RECORDS.values() if "placement" in r.options)
+    return {
+        "schedule": w.Dropdown(options=tuple(SCHEDULES), value=schedule, description="schedule"),
+        "pp": w.IntSlider(value=pp, min=1, max=16, description="pp (ranks)", **slider),
+        "m": w.IntSlider(value=m, min=1, max=64, description="m (microbatches)", **slider),
+        "F": w.FloatSlider(value=costs.F, min=0.1, max=4, step=0.1, description="F", **slider),
+        "I": w.FloatSlider(value=costs.I, min=0.1, max=4, step=0.1, description="I", **slider),
+        "W": w.FloatSlider(value=costs.W, min=0.0, max=4, step=0.1, description="W", **slider),
+        "comm": w.FloatSlider(
+            value=costs.comm, min=0, max=2, step=0.05, description="comm", **slider
+        ),
+        "limit": w.FloatSlider(
+            value=memory_limit,
+            min=0,
+            max=64,
+            step=0.5,
+            description="memory limit",
+            tooltip=f"peak per rank in {MEMORY_UNIT} (1F1B's rank 0 holds pp); 0: no limit",
+            **slider,
+        ),
+        "placement": w.Dropdown(
+            options=[(f"{takers}: {p}", p) for p in PLACEMENTS],
+            value=placement,
+            description="placement",
+        ),
+    }
 
 
 class ScheduleExplorer(Offline, w.VBox):
@@ -55,34 +90,7 @@ class ScheduleExplorer(Offline, w.VBox):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule {schedule!r} unknown; choose one of {SCHEDULES}")
         costs = costs if costs is not None else Costs(1.0, 1.0, 1.0, comm=0.0)
-        slider = dict(continuous_update=False)
-        self.controls: dict[str, Any] = {
-            "schedule": w.Dropdown(options=SCHEDULES, value=schedule, description="schedule"),
-            "pp": w.IntSlider(value=pp, min=1, max=16, description="pp (ranks)", **slider),
-            "m": w.IntSlider(
-                value=microbatches, min=1, max=64, description="m (microbatches)", **slider
-            ),
-            "F": w.FloatSlider(value=costs.F, min=0.1, max=4, step=0.1, description="F", **slider),
-            "I": w.FloatSlider(value=costs.I, min=0.1, max=4, step=0.1, description="I", **slider),
-            "W": w.FloatSlider(value=costs.W, min=0.0, max=4, step=0.1, description="W", **slider),
-            "comm": w.FloatSlider(
-                value=costs.comm, min=0, max=2, step=0.05, description="comm", **slider
-            ),
-            "limit": w.FloatSlider(
-                value=memory_limit,
-                min=0,
-                max=64,
-                step=0.5,
-                description="memory limit",
-                tooltip=f"peak per rank in {MEMORY_UNIT} (1F1B's rank 0 holds pp); 0: no limit",
-                **slider,
-            ),
-            "placement": w.Dropdown(
-                options=[(f"zb-auto: {p}", p) for p in PLACEMENTS],
-                value=placement,
-                description="placement",
-            ),
-        }
+        self.controls = _controls(schedule, pp, microbatches, costs, memory_limit, placement)
         for name, control in self.controls.items():
             # wide tracks (a 64 px slider made pp jump 4 -> 16 in one drag), labels never cut
             control.layout.width = _CONTROL_WIDTH
@@ -96,7 +104,7 @@ class ScheduleExplorer(Offline, w.VBox):
         self.numbers = w.HTML()
         self.out = w.Output()  # unexpected errors land here instead of vanishing
         self.error: Exception | None = None  # the last settings that could not be built
-        # (name, pp, m, costs?, limit?, placement?) -> (Schedule, zb-auto's kept candidate)
+        # (name, pp, m, costs?, limit?, placement?) -> (Schedule, the search's kept candidate)
         self._built: dict[tuple, tuple[Any, Any]] = {}
         self.simulation: Any = None
         self.figure: Any = None
@@ -124,8 +132,9 @@ class ScheduleExplorer(Offline, w.VBox):
             name, pp, m = c["schedule"].value, c["pp"].value, c["m"].value
             limit = c["limit"].value or None
             costs = self.costs()
-            # the placement applies to zb-auto only: hide it for the others
-            c["placement"].layout.display = None if name == "zb-auto" else "none"
+            # the placement applies to the schedules that take one (zb-auto): hidden otherwise
+            takes = "placement" in RECORDS[name].options
+            c["placement"].layout.display = None if takes else "none"
             try:
                 schedule, kept = self._schedule(name, pp, m, costs, limit)
             except ValueError as err:  # e.g. m not a multiple of pp: one line, keep the old plot
@@ -144,69 +153,46 @@ class ScheduleExplorer(Offline, w.VBox):
             self.numbers.value = self._numbers(name, pp, m, schedule.stages_per_rank, limit, kept)
 
     def _options(self, name: str, costs: Costs, limit: float | None) -> dict[str, Any]:
-        """What the builder gets besides pp and m: every control that changes the schedule.
+        """What a search gets besides pp and m: every control that changes the schedule.
 
         The fixed schedules get nothing (costs and limit do not change their order), so a
-        cost slider re-simulates them without rebuilding.
+        cost slider re-simulates them without rebuilding. A schedule that searches when
+        given a limit (zb-v: the V search) does once the limit is set.
         """
-        if name == "zb-auto":
+        found = RECORDS[name]
+        if not found.searching(limit is not None):
+            return {}
+        placement = found.placement  # zb-v's V; zb-auto's from its control
+        if "placement" in found.options:
             placement = self.controls["placement"].value
-            return {"costs": costs, "memory_limit": limit, "placement": placement}
-        if name == "zb-v" and limit is not None:  # the V search under the limit
-            return {"costs": costs, "memory_limit": limit}
-        return {}
+        return {"costs": costs, "memory_limit": limit, "placement": placement}
 
     def _schedule(
         self, name: str, pp: int, m: int, costs: Costs, limit: float | None
     ) -> tuple[Any, Any]:
-        """Build, or reuse (zb-auto's search takes most of a redraw). The cache key is the
-        builder's arguments, all of them. Returns the schedule and, for zb-auto, the
-        candidate it kept."""
+        """Build, or reuse (a search takes most of a redraw). The cache key is the builder's
+        arguments, all of them. Returns the schedule and, for a search, the candidate it
+        kept."""
         options = self._options(name, costs, limit)
         key = (name, pp, m, *sorted(options.items()))
         if key not in self._built:
             if len(self._built) >= 64:
                 self._built.clear()  # a slider sweep should not grow memory without bound
-            if name == "zb-auto":
+            if options:  # a search: say which candidate it kept
                 found = explain_auto(pp=pp, microbatches=m, **options)
+                found.schedule.name = name  # zb-v's V search is still zb-v
                 self._built[key] = (found.schedule, found.chosen)
             else:
-                self._built[key] = (build_schedule(name, pp=pp, microbatches=m, **options), None)
+                self._built[key] = (build_schedule(name, pp=pp, microbatches=m), None)
         return self._built[key]
 
     def _numbers(self, name: str, pp: int, m: int, v: int, limit: float | None, kept: Any) -> str:
         sim, costs = self.simulation, self.costs()
-        rows = [["bubble rate", f"{sim.bubble_rate:.2%}"], ["makespan", f"{sim.makespan:.4g}"]]
-        tp = throughput(sim.schedule, costs, simulated=sim)
-        rows.append(
-            [
-                f"throughput ({tp.iterations} iterations, optimizer step synchronised / not)",
-                f"{tp.synced:.4g} / {tp.unsynced:.4g} microbatches per unit time",
-            ]
-        )
-        rows.append(
-            [
-                "speed-up over 1F1B on the same work",
-                f"{tp.speedup(True):.3f}x / {tp.speedup(False):.3f}x",
-            ]
-        )
-        if kept is not None:  # zb-auto: which of its candidates won, and why it is there
-            rows.append(["zb-auto kept", f"{kept.name} ({kept.reason})"])
-        searched = name == "zb-auto" or (name == "zb-v" and limit is not None)
-        if searched:
-            rows.append(["memory limit", "steers the search: peak memory stays under it"])
-        elif name == "zb-v":
-            rows.append(
-                ["zb-v", "the paper's construction; set a memory limit to search V schedules"]
-            )
-        elif limit is not None:
-            rows.append(
-                [
-                    "memory limit",
-                    f"ignored by {name} (a fixed schedule: its order does not change), only "
-                    "compared; zb-auto and zb-v build under a limit",
-                ]
-            )
+        searched = RECORDS[name].searching(limit is not None)
+        rows = _speed_rows(sim, costs)
+        if kept is not None:  # a search: which of its candidates won, and why it is there
+            rows.append([f"{name} kept", f"{kept.name} ({kept.reason})"])
+        rows += _limit_rows(name, limit, searched)
         # the closed forms describe the fixed constructions, not what a search found
         cf = None if searched else bubble(name, pp, m, v, costs)
         if cf is not None:
@@ -224,3 +210,39 @@ class ScheduleExplorer(Offline, w.VBox):
         if pm is not None:
             rows.append([f"closed form {pm[0]}", _fmt(pm[1])])
         return table_html(["", "value"], rows)
+
+
+def _speed_rows(sim: Any, costs: Costs) -> list[list[str]]:
+    """Bubble, makespan, throughput and the speed-up over 1F1B."""
+    tp = throughput(sim.schedule, costs, simulated=sim)
+    return [
+        ["bubble rate", f"{sim.bubble_rate:.2%}"],
+        ["makespan", f"{sim.makespan:.4g}"],
+        [
+            f"throughput ({tp.iterations} iterations, optimizer step synchronised / not)",
+            f"{tp.synced:.4g} / {tp.unsynced:.4g} microbatches per unit time",
+        ],
+        [
+            "speed-up over 1F1B on the same work",
+            f"{tp.speedup(True):.3f}x / {tp.speedup(False):.3f}x",
+        ],
+    ]
+
+
+def _limit_rows(name: str, limit: float | None, searched: bool) -> list[list[str]]:
+    """What the memory limit does to this schedule (its record says whether it searches)."""
+    found = RECORDS[name]
+    if searched:
+        return [["memory limit", "steers the search: peak memory stays under it"]]
+    if found.searches == "given":  # its construction until a limit is set
+        shape = "V" if found.placement == "v" else found.placement
+        return [[name, f"the paper's construction; set a memory limit to search {shape} schedules"]]
+    if limit is None:
+        return []
+    return [
+        [
+            "memory limit",
+            f"ignored by {name} (a fixed schedule: its order does not change), only "
+            f"compared; {' and '.join(searchers())} build under a limit",
+        ]
+    ]
