@@ -9,6 +9,7 @@ the rank's first action or after its last. `plot_memory` lives in `memory_plot`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -86,6 +87,19 @@ def _chunk_legend(
     return handles, labels
 
 
+@dataclass
+class _Layers:
+    """What one figure draws, layer by layer (bottom to top), as PolyCollection vertices."""
+
+    edges: list[list[tuple]] = field(default_factory=list)  # before first / after last
+    idle: list[list[tuple]] = field(default_factory=list)  # bubbles inside a rank's span
+    boxes: list[list[tuple]] = field(default_factory=list)  # one per action
+    colors: list[str] = field(default_factory=list)  # the boxes' fills
+    waits: list[list[tuple]] = field(default_factory=list)  # waits on receives (comm=True)
+    pairs: list[list[tuple]] = field(default_factory=list)  # around an overlapped pair
+    simulated: list[list[tuple]] = field(default_factory=list)  # overlay outlines
+
+
 def plot_schedule(
     simulation_or_trace: Any,
     *,
@@ -115,14 +129,7 @@ def plot_schedule(
     main = timeline(simulation_or_trace)
     ref = timeline(simulation, num_ranks=main.num_ranks) if simulation is not None else None
     shown = check_ranks(ranks, max(main.num_ranks, ref.num_ranks if ref else 0))
-
-    # rows: (tick label, timeline, outline-only reference timeline or None)
-    rows: list[tuple[str, int, Timeline, Timeline | None]] = []
-    for r in shown:
-        if ref is not None and compare == "rows":
-            rows += [(f"rank {r} run", r, main, None), (f"rank {r} sim", r, ref, None)]
-        else:
-            rows.append((f"rank {r}", r, main, ref))
+    rows = _rows(shown, main, ref if compare == "rows" else None, ref)
     span = max(main.makespan, ref.makespan if ref else 0.0)
 
     height = 0.9 + 0.42 * len(rows)
@@ -134,71 +141,116 @@ def plot_schedule(
     chunk_of = chunks([*main.events, *(ref.events if ref else [])])
     num_chunks = max(chunk_of.values(), default=0) + 1
 
-    verts: list[list[tuple]] = []
-    colors: list[str] = []
-    outline_verts: list[list[tuple]] = []
-    idle: list[list[tuple]] = []
-    edges: list[list[tuple]] = []
-    waits: list[list[tuple]] = []
-    pairs: list[list[tuple]] = []
+    layers = _Layers()
     for y, (_, rank, t, overlay) in enumerate(rows):
         inside, outside = idle_gaps(t.events, rank, span)
-        idle += _rects(inside, y, 0.45)
-        edges += _rects(outside, y, 0.45)
-        if comm:  # the plan's waits on receives, on the timeline's clock
-            for c in getattr(t.source, "comm", None) or []:
-                if c.rank == rank and c.end > c.start:
-                    a, b = c.start - t.t0, c.end - t.t0
-                    waits.append([(a, y + 0.39), (b, y + 0.39), (b, y + 0.45), (a, y + 0.45)])
+        layers.idle += _rects(inside, y, 0.45)
+        layers.edges += _rects(outside, y, 0.45)
+        if comm:
+            layers.waits += _waits(t, rank, y)
         events = [e for e in t.events if e.rank == rank]
-        verts += _rects([(e.start, e.end) for e in events], y, _BOX_HALF)
-        pairs += _rects(pair_spans(events), y, _BOX_HALF)
         fills = [chunk_color(e.kind, chunk_of[rank, e.stage], num_chunks) for e in events]
-        colors += fills
+        layers.boxes += _rects([(e.start, e.end) for e in events], y, _BOX_HALF)
+        layers.colors += fills
+        layers.pairs += _rects(pair_spans(events), y, _BOX_HALF)
         if overlay is not None:
             theirs = [(e.start, e.end) for e in overlay.events if e.rank == rank]
-            outline_verts += _rects(theirs, y, 0.44)
+            layers.simulated += _rects(theirs, y, 0.44)
         if labels:
-            for e, fill in zip(events, fills, strict=True):
-                # measured as if the kind were W, the widest letter: boxes of one width all
-                # say the same (not `5F` over `3` beside a bare `W` over `3`)
-                room = (e.end - e.start) * px_per_unit
-                texts = box_texts(e)
-                text = next((t for t in texts if _fits(t.replace(e.kind, "W"), room, box_px)), "")
-                if text:
-                    ax.text(
-                        (e.start + e.end) / 2,
-                        y,
-                        text,
-                        ha="center",
-                        va="center",
-                        fontsize=_FONT_SIZE,
-                        color=text_color(fill),
-                    )
+            _label_boxes(ax, events, fills, y, px_per_unit, box_px)
+    _draw(ax, layers)
+    _axes(ax, [label for label, *_ in rows], span, unit)
+    overlaid = ref is not None and compare == "overlay"
+    _legend(ax, [main, *([ref] if ref else [])], chunk_of, num_chunks, layers, overlaid)
+    numbers = _title(ax, title, main, ref)
+    fig._zb_summary = f"schedule of {len(shown)} ranks, {numbers}"
+    return fig
 
-    ax.add_collection(PolyCollection(edges, facecolors=EDGE_COLOR, edgecolors="none", gid="edges"))
+
+def _rows(
+    shown: list[int], main: Timeline, beside: Timeline | None, ref: Timeline | None
+) -> list[tuple[str, int, Timeline, Timeline | None]]:
+    """(tick label, rank, timeline, timeline drawn as outlines over it or None) per row: a
+    reference `beside` the run gets rows of its own, else `ref` is an overlay."""
+    rows: list[tuple[str, int, Timeline, Timeline | None]] = []
+    for r in shown:
+        if beside is not None:
+            rows += [(f"rank {r} run", r, main, None), (f"rank {r} sim", r, beside, None)]
+        else:
+            rows.append((f"rank {r}", r, main, ref))
+    return rows
+
+
+def _waits(t: Timeline, rank: int, y: float) -> list[list[tuple]]:
+    """The plan's waits on receives, on the timeline's clock: a thin bar under the row."""
+    bars = []
+    for c in getattr(t.source, "comm", None) or []:
+        if c.rank == rank and c.end > c.start:
+            a, b = c.start - t.t0, c.end - t.t0
+            bars.append([(a, y + 0.39), (b, y + 0.39), (b, y + 0.45), (a, y + 0.45)])
+    return bars
+
+
+def _label_boxes(
+    ax: Any, events: list[Any], fills: list[str], y: float, px_per_unit: float, box_px: float
+) -> None:
+    """`1I3` (or a shorter form) in each box wide enough for it."""
+    for e, fill in zip(events, fills, strict=True):
+        # measured as if the kind were W, the widest letter: boxes of one width all
+        # say the same (not `5F` over `3` beside a bare `W` over `3`)
+        room = (e.end - e.start) * px_per_unit
+        texts = box_texts(e)
+        text = next((t for t in texts if _fits(t.replace(e.kind, "W"), room, box_px)), "")
+        if text:
+            ax.text(
+                (e.start + e.end) / 2,
+                y,
+                text,
+                ha="center",
+                va="center",
+                fontsize=_FONT_SIZE,
+                color=text_color(fill),
+            )
+
+
+def _draw(ax: Any, layers: _Layers) -> None:
+    """The layers, bottom to top; each a PolyCollection with a `gid` tests and tools find."""
+    ax.add_collection(
+        PolyCollection(layers.edges, facecolors=EDGE_COLOR, edgecolors="none", gid="edges")
+    )
     ax.add_collection(
         PolyCollection(
-            idle, facecolors=IDLE_COLOR, edgecolors="#bbbbbb", hatch="//", gid="idle", linewidths=0
+            layers.idle,
+            facecolors=IDLE_COLOR,
+            edgecolors="#bbbbbb",
+            hatch="//",
+            gid="idle",
+            linewidths=0,
         )
     )
     ax.add_collection(
-        PolyCollection(verts, facecolors=colors, edgecolors="white", linewidths=0.5, gid="actions")
-    )
-    if waits:
-        ax.add_collection(
-            PolyCollection(waits, facecolors=COMM_COLOR, edgecolors="none", gid="comm")
+        PolyCollection(
+            layers.boxes,
+            facecolors=layers.colors,
+            edgecolors="white",
+            linewidths=0.5,
+            gid="actions",
         )
-    if pairs:  # an overlapped pair is one action: one box around its two halves
+    )
+    if layers.waits:
+        ax.add_collection(
+            PolyCollection(layers.waits, facecolors=COMM_COLOR, edgecolors="none", gid="comm")
+        )
+    if layers.pairs:  # an overlapped pair is one action: one box around its two halves
         ax.add_collection(
             PolyCollection(
-                pairs, facecolors="none", edgecolors="#222222", linewidths=1.6, gid="pairs"
+                layers.pairs, facecolors="none", edgecolors="#222222", linewidths=1.6, gid="pairs"
             )
         )
-    if outline_verts:
+    if layers.simulated:
         ax.add_collection(
             PolyCollection(
-                outline_verts,
+                layers.simulated,
                 facecolors="none",
                 edgecolors="#111111",
                 linewidths=1.4,
@@ -208,16 +260,29 @@ def plot_schedule(
             )
         )
 
+
+def _axes(ax: Any, row_labels: list[str], span: float, unit: str) -> None:
     ax.set_xlim(0, span * 1.005 if span > 0 else 1)
-    ax.set_ylim(len(rows) - 0.5, -0.5)  # rank 0 on top, like the paper's figures
-    ax.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=8)
+    ax.set_ylim(len(row_labels) - 0.5, -0.5)  # rank 0 on top, like the paper's figures
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=8)
     ax.set_xlabel(unit, fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
-    present = {e.kind for e in main.events} | ({e.kind for e in ref.events} if ref else set())
-    kinds = [k for k in KINDS.values() if k.letter in present]  # the table's order
+
+def _legend(
+    ax: Any,
+    drawn: list[Timeline],
+    chunk_of: dict[tuple[int, int], int],
+    num_chunks: int,
+    layers: _Layers,
+    overlaid: bool,
+) -> None:
+    """Above the plot, right: the kinds drawn (the table's order), the chunks, then each
+    layer that is there (`overlaid`: a simulation drawn as outlines)."""
+    present = {e.kind for t in drawn for e in t.events}
+    kinds = [k for k in KINDS.values() if k.letter in present]
     handles: list[Any] = [Patch(facecolor=kind_color(k.letter)) for k in kinds]
     names = [f"{k.letter}: {k.name}" for k in kinds]
     if num_chunks > 1:
@@ -227,13 +292,13 @@ def plot_schedule(
     names.append("idle (bubble)")
     handles.append(Patch(facecolor=EDGE_COLOR, edgecolor="#cccccc"))
     names.append("before first / after last action")
-    if waits:
+    if layers.waits:
         handles.append(Patch(facecolor=COMM_COLOR))
         names.append("waiting on a receive")
-    if pairs:
+    if layers.pairs:
         handles.append(Patch(facecolor="none", edgecolor="#222222", lw=1.6))
         names.append("overlapped F+B pair")
-    if ref is not None and compare == "overlay":
+    if overlaid:
         handles.append(Patch(facecolor="none", edgecolor="#111111", ls="--", lw=1.4))
         names.append("simulated")
     ax.legend(
@@ -249,14 +314,13 @@ def plot_schedule(
         columnspacing=1.0,
     )
 
+
+def _title(ax: Any, title: str | None, main: Timeline, ref: Timeline | None) -> str:
+    """The schedule's name (and iterations) and its numbers; returns the numbers."""
     name = title if title is not None else _describe(main.source)
-    if ref is None:
-        numbers = _numbers(main)
-    else:
-        numbers = f"run: {_numbers(main)} | sim: {_numbers(ref)}"
+    numbers = _numbers(main) if ref is None else f"run: {_numbers(main)} | sim: {_numbers(ref)}"
     text = f"{name}   {numbers}" if name else numbers
     if len(text) > 70:  # two lines, so the title never runs into the legend on its right
         text = f"{name}\n{numbers}"
     ax.set_title(text, fontsize=9, loc="left", pad=14)
-    fig._zb_summary = f"schedule of {len(shown)} ranks, {numbers}"
-    return fig
+    return numbers
