@@ -15,6 +15,7 @@ Edges point the way the forward ran (producer -> consumer), so parameters sit at
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import graphviz
@@ -143,6 +144,19 @@ def _i_fill(phases: bool, highlight: Phase | None) -> str:
     return _phase_fill(True, phases, highlight)[0]
 
 
+@dataclass(frozen=True)
+class _Look:
+    """What decides how a node is drawn: the options and the analysis' sets."""
+
+    phases: bool
+    highlight: Phase | None
+    group: int | None  # the ParamGroup to highlight, or None
+    closure: set[Any]  # what I runs
+    split_nodes: set[Any]  # every group's intermediates
+    chosen_splits: set[Any]  # the highlighted group's (every group's if none is)
+    owner: dict[str, int]  # node id -> its group, for parameters and W-only ops
+
+
 def draw_graph(
     analysis_or_outputs: Any,
     inputs: torch.Tensor | Sequence[torch.Tensor] | None = None,
@@ -180,17 +194,43 @@ def draw_graph(
         )
     closure = set(analysis.input_closure)
     split_nodes = {n for g in groups for n in g.intermediates}
-    owner = _w_regions(w, closure, groups)
+    chosen = set(groups[group].intermediates) if group is not None else split_nodes
+    look = _Look(
+        phases, highlight, group, closure, split_nodes, chosen, _w_regions(w, closure, groups)
+    )
     depth = depth if depth is not None else _auto_depth(w, max_nodes)
 
     dot = ZbDigraph(name="autograd")
     dot.attr(rankdir="TB", fontname="Helvetica", fontsize="11", labelloc="t", nodesep="0.25")
     dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="9")
     dot.attr("edge", arrowsize="0.6", color="#666666")
+    rep, boxes, module_of_box = _boxes(w, depth)
+    clusters: dict[int, graphviz.Digraph] = {}
+    mixed = False  # a collapsed box runs in both passes: the legend shows its bar
+    for bid, members in boxes.items():
+        if bid in module_of_box:
+            mixed = _module_node(dot, bid, module_of_box[bid], members, look) or mixed
+        else:
+            _node(dot, clusters, members[0], look)
+    _clusters(dot, clusters, names, group)
+    _edges(dot, w, rep)
+    if show_legend:
+        dot.subgraph(_legend(look, bool(groups), mixed))
+    summary = f"{len(w.nodes)} nodes, {len(groups)} param group{'s' if len(groups) != 1 else ''}"
+    if depth is not None:
+        summary += f", collapsed to module depth {depth}"
+    dot.attr(label=title if title is not None else f"autograd graph: {summary}")
+    dot.zb_summary = summary
+    return dot
 
-    # Which box each node is drawn in: its own, or its module's when collapsing.
-    rep: dict[str, str] = {}  # node id -> box id
-    boxes: dict[str, list[GNode]] = {}  # box id -> members, in walk order
+
+def _boxes(
+    w: Walk, depth: int | None
+) -> tuple[dict[str, str], dict[str, list[GNode]], dict[str, str]]:
+    """Which box each node is drawn in: its own, or its module's when collapsing to `depth`.
+    Returns (node id -> box id, box id -> members in walk order, module box id -> path)."""
+    rep: dict[str, str] = {}
+    boxes: dict[str, list[GNode]] = {}
     module_box: dict[str, str] = {}  # module path -> "m0", "m1", ... in walk order
     for g in w.nodes:
         bid = g.id
@@ -199,60 +239,66 @@ def draw_graph(
             bid = module_box.setdefault(path, f"m{len(module_box)}")
         rep[g.id] = bid
         boxes.setdefault(bid, []).append(g)
-    module_of_box = {bid: path for path, bid in module_box.items()}
-    chosen_splits = set(groups[group].intermediates) if group is not None else split_nodes
+    return rep, boxes, {bid: path for path, bid in module_box.items()}
 
-    clusters: dict[int, graphviz.Digraph] = {}
-    mixed = False  # a collapsed box runs in both passes: the legend shows its bar
-    for bid, members in boxes.items():
-        in_closure = [g.node in closure or g.kind == "input" for g in members]
-        if bid in module_of_box:  # a collapsed module
-            counts: dict[str, int] = {}  # fill colour -> nodes, in first-seen order
-            for x in in_closure:
-                fill = _phase_fill(x, phases, highlight)[0]
-                counts[fill] = counts.get(fill, 0) + 1
-            held = (
-                sum(owner.get(g.id) == group or g.node in chosen_splits for g in members)
-                if group is not None
-                else 0
-            )
-            label, attrs = collapsed_box(
-                module_of_box[bid],
-                ops=sum(g.kind == "op" for g in members),
-                params=sum(g.kind == "param" for g in members),
-                splits=sum(g.node in split_nodes for g in members),
-                fills=sorted(counts.items(), key=lambda kv: kv[0] != _i_fill(phases, highlight)),
-                group=group,
-                held=held,
-            )
-            mixed = mixed or label.startswith("<")
-            dot.node(bid, label, **attrs)
-            continue
-        g = members[0]
-        attrs = {}  # dict[str, str], as collapsed_box's above
-        fill, dim = _phase_fill(in_closure[0], phases, highlight)
-        if g.kind == "param":
-            attrs.update(shape="box", style="filled")
-            fill = c.PARAM_FILL if not (phases or highlight) else fill
-        elif g.kind == "input":
-            attrs.update(shape="invhouse", style="filled")
-            fill = c.INPUT_FILL if not dim else fill
-        if g.node in split_nodes:  # red when it starts the chosen group's W (or any group's)
-            red = g.node in chosen_splits
-            attrs.update(color=c.SPLIT_COLOR if red else "#e8b0b0", penwidth="2.5")
-        gi = owner.get(g.id)
-        mine = gi == group or g.node in chosen_splits or g.kind == "input"
-        if group is not None and not mine:
-            fill, dim = c.DIM_FILL, True
-        if dim:
-            attrs["fontcolor"] = c.DIM_FONT
-        target = dot
-        if gi is not None:
-            if gi not in clusters:
-                clusters[gi] = graphviz.Digraph(name=f"cluster_group{gi}")
-            target = clusters[gi]
-        target.node(g.id, g.label, fillcolor=fill, **attrs)
 
+def _module_node(dot: Any, bid: str, path: str, members: list[GNode], look: _Look) -> bool:
+    """A collapsed module: one box, its fills in proportion; True if it runs in both passes."""
+    counts: dict[str, int] = {}  # fill colour -> nodes, in first-seen order
+    for g in members:
+        fill = _phase_fill(g.node in look.closure or g.kind == "input", look.phases, look.highlight)
+        counts[fill[0]] = counts.get(fill[0], 0) + 1
+    held = (
+        sum(look.owner.get(g.id) == look.group or g.node in look.chosen_splits for g in members)
+        if look.group is not None
+        else 0
+    )
+    first = _i_fill(look.phases, look.highlight)
+    label, attrs = collapsed_box(
+        path,
+        ops=sum(g.kind == "op" for g in members),
+        params=sum(g.kind == "param" for g in members),
+        splits=sum(g.node in look.split_nodes for g in members),
+        fills=sorted(counts.items(), key=lambda kv: kv[0] != first),
+        group=look.group,
+        held=held,
+    )
+    dot.node(bid, label, **attrs)
+    return label.startswith("<")
+
+
+def _node(dot: Any, clusters: dict[int, graphviz.Digraph], g: GNode, look: _Look) -> None:
+    """One node, in its group's cluster (made on first use) if it has one."""
+    attrs: dict[str, str] = {}  # as collapsed_box returns
+    in_closure = g.node in look.closure or g.kind == "input"
+    fill, dim = _phase_fill(in_closure, look.phases, look.highlight)
+    if g.kind == "param":
+        attrs.update(shape="box", style="filled")
+        fill = c.PARAM_FILL if not (look.phases or look.highlight) else fill
+    elif g.kind == "input":
+        attrs.update(shape="invhouse", style="filled")
+        fill = c.INPUT_FILL if not dim else fill
+    if g.node in look.split_nodes:  # red when it starts the chosen group's W (or any group's)
+        red = g.node in look.chosen_splits
+        attrs.update(color=c.SPLIT_COLOR if red else "#e8b0b0", penwidth="2.5")
+    gi = look.owner.get(g.id)
+    mine = gi == look.group or g.node in look.chosen_splits or g.kind == "input"
+    if look.group is not None and not mine:
+        fill, dim = c.DIM_FILL, True
+    if dim:
+        attrs["fontcolor"] = c.DIM_FONT
+    target = dot
+    if gi is not None:
+        if gi not in clusters:
+            clusters[gi] = graphviz.Digraph(name=f"cluster_group{gi}")
+        target = clusters[gi]
+    target.node(g.id, g.label, fillcolor=fill, **attrs)
+
+
+def _clusters(
+    dot: Any, clusters: dict[int, graphviz.Digraph], names: list[list[str]], group: int | None
+) -> None:
+    """Each ParamGroup a coloured cluster, named by its parameters; dimmed unless chosen."""
     for gi in sorted(clusters):
         chosen = group is None or gi == group
         clusters[gi].attr(
@@ -266,6 +312,9 @@ def draw_graph(
         )
         dot.subgraph(clusters[gi])
 
+
+def _edges(dot: Any, w: Walk, rep: dict[str, str]) -> None:
+    """The outputs' houses, then each producer -> consumer edge once between boxes."""
     for i, shape in enumerate(w.output_shapes):
         dot.node(
             f"o{i}",
@@ -282,21 +331,15 @@ def draw_graph(
             drawn.add((a, b))
             dot.edge(a, b)
 
-    if show_legend:
-        lit = phases or highlight is not None  # parameters take their pass's colour then
-        param_fill = _phase_fill(False, phases, highlight)[0] if lit else c.PARAM_FILL
-        both = (_i_fill(phases, highlight), _phase_fill(False, phases, highlight)[0])
-        key = legend(
-            phases,
-            bool(groups),
-            highlight,
-            param_fill=param_fill,
-            mixed=both if mixed else None,
-        )
-        dot.subgraph(key)
-    summary = f"{len(w.nodes)} nodes, {len(groups)} param group{'s' if len(groups) != 1 else ''}"
-    if depth is not None:
-        summary += f", collapsed to module depth {depth}"
-    dot.attr(label=title if title is not None else f"autograd graph: {summary}")
-    dot.zb_summary = summary
-    return dot
+
+def _legend(look: _Look, has_groups: bool, mixed: bool) -> graphviz.Digraph:
+    lit = look.phases or look.highlight is not None  # parameters take their pass's colour
+    w_fill = _phase_fill(False, look.phases, look.highlight)[0]
+    both = (_i_fill(look.phases, look.highlight), w_fill)
+    return legend(
+        look.phases,
+        has_groups,
+        look.highlight,
+        param_fill=w_fill if lit else c.PARAM_FILL,
+        mixed=both if mixed else None,
+    )
