@@ -118,6 +118,10 @@ class Timeline:
     since then), `pending` (the (stage, microbatch) of Ws owed, oldest first), `program`.
     """
 
+    __slots__ = ("where", "m", "limit", "record", "dur", "mem", "comm", "inputs", "end",
+                 "count", "free", "held", "first", "idle", "worst", "work", "bound",
+                 "pending", "program", "placed", "_waits")  # fmt: skip
+
     def __init__(
         self,
         costs: Sequence[Costs],
@@ -148,17 +152,23 @@ class Timeline:
         self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
         self.program: Program = {r: [] for r in range(p)}
         self.placed = 0  # actions placed, all ranks
+        # the inputs rule read once per (kind, stage), for the hot loop of `arrival`: the
+        # end times of each input's stage and what arriving from there adds (comm or 0)
+        self._waits = {
+            k: [tuple((self.end[ik][s], self.comm[t] if self.where[s] != self.where[t] else 0.0)
+                      for s, ik in self.inputs[k][t]) for t in range(n)]
+            for k in PARTS
+        }  # fmt: skip
 
     def arrival(self, stage: int, kind: str, j: int) -> float | None:
         """When the inputs of (stage, kind, j) are all there (0.0: it needs none), or None
         while one of them is not placed yet."""
-        t, r = 0.0, self.where[stage]
-        for s, k in self.inputs[kind][stage]:
-            e = self.end[k][s][j]
+        t = 0.0
+        for ends, comm in self._waits[kind][stage]:
+            e = ends[j]
             if e is None:
                 return None
-            if self.where[s] != r:
-                e += self.comm[stage]
+            e += comm  # from another rank (0 on the same rank)
             if e > t:
                 t = e
         return t
@@ -204,11 +214,14 @@ class Timeline:
         if self.first[r] is None:
             self.first[r] = start
         else:  # idle time since the rank's first action only grows: so does work + idle
+            idle = self.idle[r]
             if start > free:
-                self.idle[r] += start - free
-                self.worst = max(self.worst, self.idle[r])
-            if self.work[r] + self.idle[r] > self.bound:
-                idle = self.idle[r]
+                idle = self.idle[r] = idle + (
+                    start - free
+                )  # (the gap first: as the reference adds)
+                if idle > self.worst:
+                    self.worst = idle
+            if self.work[r] + idle > self.bound:
                 raise Slower(
                     f"rank {r}: work {self.work[r]:.6g} + idle {idle:.6g} by t={start:.6g}"
                 )
