@@ -215,10 +215,8 @@ class Timeline:
             self.first[r] = start
         else:  # idle time since the rank's first action only grows: so does work + idle
             idle = self.idle[r]
-            if start > free:
-                idle = self.idle[r] = idle + (
-                    start - free
-                )  # (the gap first: as the reference adds)
+            if start > free:  # the gap first, then added: as the reference rounds it
+                idle = self.idle[r] = idle + (start - free)
                 if idle > self.worst:
                     self.worst = idle
             if self.work[r] + idle > self.bound:
