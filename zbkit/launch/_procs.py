@@ -24,6 +24,9 @@ from typing import Any, TextIO
 
 from zbkit.launch import _channel as ch
 
+# launcher, cluster and magics import these from here (quiet_interrupt is theirs alone)
+from zbkit.launch._errors import LaunchError, exit_status, quiet_interrupt  # noqa: F401
+
 BACKENDS = ("gloo", "nccl")
 DIED = "died"  # pseudo-message: a rank's control channel closed
 POLL_S = 0.5  # how often we look at exit codes even when nothing arrives
@@ -31,31 +34,6 @@ POLL_S = 0.5  # how often we look at exit codes even when nothing arrives
 # Python process importing torch (~150 MB, seconds of CPU; 64 ranks on 2 cores took 56 s
 # and 9.5 GB) and they mostly wait for a core. Warned about, not refused: it still works.
 RANKS_PER_CORE_WARNING = 4
-
-
-class LaunchError(RuntimeError):
-    """Ranks failed, died, hung or could not start; the message names them and says why.
-
-    ``.ranks`` lists the ranks that failed (or hung) and ``.tracebacks`` maps each of them
-    to its formatted traceback, exit status or Python stack.
-    """
-
-    def __init__(self, message: str, tracebacks: dict[int, str] | None = None) -> None:
-        super().__init__(message)
-        self.tracebacks = dict(tracebacks or {})
-        self.ranks = sorted(self.tracebacks)
-
-    def _render_traceback_(self) -> list[str]:
-        # IPython shows this instead of the launcher's own frames: the ranks' tracebacks
-        # inside the message are the ones a learner needs.
-        return [f"LaunchError: {self}"]
-
-
-def quiet_interrupt(exc: KeyboardInterrupt, message: str) -> None:
-    """Have IPython show `message` as the whole traceback of this interrupt: the frames of
-    the wait loop where the stop button landed (about 40 lines) teach nothing. It stays a
-    KeyboardInterrupt: "run all" stops there and ``except KeyboardInterrupt`` still works."""
-    exc._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]  # type: ignore[attr-defined]
 
 
 def _loopback_interface() -> str | None:
@@ -79,19 +57,6 @@ def _bind_store_socket(port: int | None) -> socket.socket:
         ) from None
     sock.listen(128)
     return sock
-
-
-def exit_status(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (the out-of-memory killer?)" if code == -signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"exit code {code}"
 
 
 def _type(value: Any) -> str:
