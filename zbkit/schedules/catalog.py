@@ -17,7 +17,6 @@ from typing import Any, NamedTuple, overload
 from zbkit.schedules import _build_fixed as fixed
 from zbkit.schedules import _build_looped as looped
 from zbkit.schedules import formulas as f
-from zbkit.schedules._auto import zb_auto
 from zbkit.schedules._build_dualpipe import dualpipe_v
 from zbkit.schedules._build_v import v_schedule
 from zbkit.schedules.schedule import Schedule
@@ -200,13 +199,29 @@ def _interleaved_zb(pp: int, m: int, name: str, stages_per_rank: int) -> Schedul
     return Schedule(looped.interleaved_zb(pp, m, v), stage_to_rank("looped", pp, v), m, name)
 
 
+def _zb_auto(
+    pp: int,
+    m: int,
+    name: str,
+    costs: Any = None,
+    memory_limit: Any = None,
+    placement: str = "linear",
+) -> Schedule:
+    """The fastest of zb-auto's candidates for `placement` under the limit (`_auto.search`)."""
+    # imported here, not above: the search's own modules may then read this one
+    # (`stage_to_rank`) without an import cycle
+    from zbkit.schedules._auto import zb_auto
+
+    return zb_auto(pp, m, name, costs, memory_limit, placement)
+
+
 def _zb_v(pp: int, m: int, name: str, costs: Any = None, memory_limit: Any = None) -> Schedule:
     """The paper's hand-written ZB-V; for given costs or a limit, the fastest V schedule
     for them (zb-auto's V search, whose candidates include the paper's ZB-V and the
     reference repo's V scheduler, so it is never slower than either)."""
     if costs is None and memory_limit is None:
         return Schedule(fixed.zb_v(pp, m), stage_to_rank("v", pp), m, name)
-    return zb_auto(pp, m, name, costs, memory_limit, placement="v")
+    return _zb_auto(pp, m, name, costs, memory_limit, placement="v")
 
 
 def _dualpipe_v(pp: int, m: int, name: str) -> Schedule:
@@ -255,7 +270,7 @@ for _record in (
         searches="given",
     ),
     ScheduleRecord(
-        "zb-auto", zb_auto, "the fastest of named candidates for the costs, under a limit",
+        "zb-auto", _zb_auto, "the fastest of named candidates for the costs, under a limit",
         options={"placement": "linear"}, searches="always",
         curves={"linear": Style("#ff7f0e", ">"), "v": Style("#9467bd", "p")},
     ),
