@@ -295,7 +295,7 @@ def test_the_frontier_and_v_family_bullets_tell_their_tables(cells):
 
 
 def test_the_real_run_matches_the_simulation_everywhere(cells):
-    i = _cell(cells, "pipe.trace.peak_for(mem_activation=1.0, mem_weight=0.3)\n    sim")
+    i = _cell(cells, "pipe.trace.peak_for(Costs(mem_activation=1.0, mem_weight=0.3))\n    sim")
     rows = [line for line in _text(cells[i]).splitlines() if " run " in line]
     assert len(rows) == 5 and all(row.endswith("match") for row in rows)
     zbv = next(row for row in rows if row.startswith("zb-v"))

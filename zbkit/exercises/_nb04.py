@@ -183,7 +183,7 @@ def interleaved_run_peak(answer: Any) -> tuple[bool, str]:
         return False, f"{answer:g} is 1F1B's rank-0 peak; interleaving runs more forwards first"
     return False, (
         f"not {answer:g}: run it (LocalPipeline with {len(chunks) * 2} Stages) and read "
-        "pipe.trace.peak_for(mem_activation=1.0, mem_weight=0.3)[0]"
+        "pipe.trace.peak_for(Costs(mem_activation=1.0, mem_weight=0.3))[0]"
     )
 
 
