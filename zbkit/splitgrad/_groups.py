@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import BackwardCFunction
@@ -117,47 +118,58 @@ def group_params(
     outside_roots = {n: None for n in output_nodes if n is not None and n not in closure}
 
     params = list(dict.fromkeys(p for p in param_nodes if p is not None and p in reverse_graph))
-    entries_of: list[list[Node]] = []
-    outside_of: list[dict[Node, None]] = []
-    mixed: list[bool] = []
+    reach: list[_Reach] = []
     owner: dict[Node, int] = {}  # entry node -> first param index that reached it
     parent = list(range(len(params)))
     for i, param in enumerate(params):
         # walk from the param towards the outputs; stop when entering C
         outside, reached = ordered_closure([param], closure, reverse_graph)
         entries = list(reached) + [n for n in outside if n in outside_roots]
-        entries_of.append(entries)
-        outside_of.append(outside)
-        mixed.append(_has_mixed_custom_function([*outside, *reached], closure))
+        mixed = _has_mixed_custom_function([*outside, *reached], closure)
+        reach.append(_Reach(entries, outside, mixed))
         for entry in entries:
             j = owner.setdefault(entry, i)
             if j != i:  # union: keep the smaller index as the representative
                 a, b = _find(parent, i), _find(parent, j)
                 parent[max(a, b)] = min(a, b)
 
-    # one group per union-find representative: its params, intermediates and roots in order
+    # one group per union-find representative, in the order of each group's first param
     members: dict[int, list[int]] = {}
     for i in range(len(params)):
         members.setdefault(_find(parent, i), []).append(i)
-    groups = []
-    for idx in members.values():  # dict order = order of the first param of each group
-        mine: set[Node] = set().union(*(outside_of[i] for i in idx))  # the group's nodes outside C
-        # each entry listed once, by the param that found it
-        entries = [e for i in idx for e in entries_of[i] if owner[e] == i]
-        intermediates = tuple(e for e in entries if e in closure)
-        groups.append(
-            ParamGroup(
-                param_nodes=tuple(params[i] for i in idx),
-                intermediates=intermediates,
-                exits=tuple(
-                    tuple(k for k, (n, _) in enumerate(node.next_functions) if n in mine)
-                    for node in intermediates
-                ),
-                roots=tuple(e for e in entries if e not in closure),
-                needs_both_directions=any(mixed[i] for i in idx),
-            )
-        )
-    return groups
+    return [_group(idx, params, reach, owner, closure) for idx in members.values()]
+
+
+class _Reach(NamedTuple):
+    """What the walk from one parameter towards the outputs found."""
+
+    entries: list[Node]  # where it enters the closure C, then the outside roots it reaches
+    outside: dict[Node, None]  # the nodes it passed outside C
+    mixed: bool  # a custom Function with inputs both inside and outside C
+
+
+def _group(
+    idx: list[int],
+    params: list[Node],
+    reach: list[_Reach],
+    owner: dict[Node, int],
+    closure: dict[Node, None],
+) -> ParamGroup:
+    """The group of params `idx`: its params, intermediates and roots in order."""
+    mine: set[Node] = set().union(*(reach[i].outside for i in idx))  # its nodes outside C
+    # each entry listed once, by the param that found it
+    entries = [e for i in idx for e in reach[i].entries if owner[e] == i]
+    intermediates = tuple(e for e in entries if e in closure)
+    return ParamGroup(
+        param_nodes=tuple(params[i] for i in idx),
+        intermediates=intermediates,
+        exits=tuple(
+            tuple(k for k, (n, _) in enumerate(node.next_functions) if n in mine)
+            for node in intermediates
+        ),
+        roots=tuple(e for e in entries if e not in closure),
+        needs_both_directions=any(reach[i].mixed for i in idx),
+    )
 
 
 @dataclass(eq=False)
