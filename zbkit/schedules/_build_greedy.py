@@ -178,7 +178,9 @@ def greedy(
 ) -> dict[int, list[Action]]:
     """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
     `moves` (optional) is narrowed to the fill and hold values that would move the same."""
-    tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up)
+    # an input from another rank arrives the sender's comm later here (the simulator
+    # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
+    tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
     _Greedy(tl, fill, hold, Moves() if moves is None else moves).loop()
     if tl.placed < 3 * len(stage_to_rank) * m:
         ranks = range(len(tl.free))

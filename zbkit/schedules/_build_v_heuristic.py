@@ -49,8 +49,10 @@ class _Build:
     ):
         p = len(costs) // 2
         self.p, self.m, self.limit = p, m, limit
-        self.tl = Timeline(costs, [s if s < p else 2 * p - 1 - s for s in range(2 * p)], m,
-                           limit, give_up)  # fmt: skip
+        where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+        # the reference reads the comm of the sending rank's first stage (the same for one
+        # Costs; the simulator charges the receiving stage's): kept so the schedules agree
+        self.tl = Timeline(costs, where, m, limit, give_up, hop=lambda t, s: costs[where[s]].comm)
         self.comm = self.tl.comm
         self.approved = approved
         self.most_approved = max(approved)

@@ -118,7 +118,7 @@ class Timeline:
     since then), `pending` (the (stage, microbatch) of Ws owed, oldest first), `program`.
     """
 
-    __slots__ = ("where", "m", "limit", "record", "dur", "mem", "comm", "inputs", "end",
+    __slots__ = ("where", "m", "limit", "record", "dur", "mem", "comm", "hops", "inputs", "end",
                  "count", "free", "held", "first", "idle", "worst", "work", "bound",
                  "pending", "program", "placed", "_waits")  # fmt: skip
 
@@ -130,12 +130,21 @@ class Timeline:
         limit: float = math.inf,
         give_up: float = math.inf,
         record: bool = True,
+        hop: Callable[[int, int], float] | None = None,
     ) -> None:
         self.where, self.m, self.limit, self.record = list(stage_to_rank), m, limit, record
         n, p = len(self.where), max(self.where) + 1
         self.dur, self.mem = cost_table(costs, PARTS)
         self.comm = [c.comm for c in costs]
         self.inputs = {k: [inputs(s, k, n) for s in range(n)] for k in PARTS}
+        # what stage t waiting on stage s (on another rank) adds: by default the waiting
+        # stage's comm, as the simulator charges it; `hop(t, s)` where a builder keeps its
+        # own reading (the same for one Costs, whose comm every stage shares)
+        cost = hop or (lambda t, s: self.comm[t])
+        self.hops = {
+            (t, s): cost(t, s) if self.where[s] != self.where[t] else 0.0
+            for k in PARTS for t in range(n) for s, _ in self.inputs[k][t]
+        }  # fmt: skip
         self.end: dict[str, list[list[float | None]]] = {
             k: [[None] * m for _ in range(n)] for k in PARTS
         }
@@ -155,8 +164,8 @@ class Timeline:
         # the inputs rule read once per (kind, stage), for the hot loop of `arrival`: the
         # end times of each input's stage and what arriving from there adds (comm or 0)
         self._waits = {
-            k: [tuple((self.end[ik][s], self.comm[t] if self.where[s] != self.where[t] else 0.0)
-                      for s, ik in self.inputs[k][t]) for t in range(n)]
+            k: [tuple((self.end[ik][s], self.hops[t, s]) for s, ik in self.inputs[k][t])
+                for t in range(n)]
             for k in PARTS
         }  # fmt: skip
 
@@ -181,7 +190,7 @@ class Timeline:
         for s, k in self.inputs[kind][stage]:
             e = self.end[k][s][j]
             assert e is not None, f"{s}{k}{j} is not placed"
-            t = e + self.comm[stage] if self.where[s] != r else e
+            t = e + self.hops[stage, s] if self.where[s] != r else e
             if latest is None or t > latest[0]:
                 latest = (t, s, k)
         return latest
