@@ -67,29 +67,10 @@ def plot_memory(
     fig = ZbFigure(figsize=(width, height), dpi=DPI)
     axes = fig.subplots(len(shown), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     fig.subplots_adjust(left=0.09, right=0.98, top=1 - 0.45 / height, bottom=0.5 / height)
-    peaks = []
-    for ax, rank in zip(axes, shown, strict=True):
-        times, values = steps[rank]
-        peak = max(values)
-        peaks.append(peak)
-        ax.step(times, values, where="post", color=kind_color("F"), lw=1.2, gid=f"memory{rank}")
-        ax.fill_between(times, values, step="post", color=kind_color("F"), alpha=0.3)
-        over = limit is not None and peak > limit + 1e-9
-        ax.text(
-            1.0,
-            0.9,
-            f"peak {peak:.4g}" + (" > limit" if over else ""),
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=7,
-            color=LIMIT_COLOR if over else "black",
-        )
-        if limit is not None:
-            ax.axhline(limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.0)
-        ax.set_ylabel(f"rank {rank}", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_xlim(0, t.makespan if t.makespan > 0 else 1)
+    peaks = [
+        _panel(ax, rank, steps[rank], limit, t.makespan)
+        for ax, rank in zip(axes, shown, strict=True)
+    ]
     axes[-1].set_xlabel(unit, fontsize=8)
     axes[0].set_ylim(bottom=min(0.0, *[min(steps[r][1]) for r in shown]))
     limit_text = f", limit {limit:.4g} (dashed)" if limit is not None else ""
@@ -105,3 +86,35 @@ def plot_memory(
     )
     fig._zb_summary = f"memory of {len(shown)} ranks, peak {max(peaks):.4g}"
     return fig
+
+
+def _panel(
+    ax: Any,
+    rank: int,
+    steps: tuple[list[float], list[float]],
+    limit: float | None,
+    makespan: float,
+) -> float:
+    """One rank's memory as a filled step line, its peak (red when over the limit) and the
+    limit dashed; returns the peak."""
+    times, values = steps
+    peak = max(values)
+    ax.step(times, values, where="post", color=kind_color("F"), lw=1.2, gid=f"memory{rank}")
+    ax.fill_between(times, values, step="post", color=kind_color("F"), alpha=0.3)
+    over = limit is not None and peak > limit + 1e-9
+    ax.text(
+        1.0,
+        0.9,
+        f"peak {peak:.4g}" + (" > limit" if over else ""),
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=7,
+        color=LIMIT_COLOR if over else "black",
+    )
+    if limit is not None:
+        ax.axhline(limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.0)
+    ax.set_ylabel(f"rank {rank}", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_xlim(0, makespan if makespan > 0 else 1)
+    return peak
