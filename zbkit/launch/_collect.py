@@ -71,40 +71,53 @@ def collect(
                 out.timeout = timeout
                 break
             wake = min(t for t in (deadline, give_up, now + POLL_S) if t is not None)
-            for rank, kind, tid, payload in group.step(max(0.0, wake - now)):
-                if kind == DIED:
-                    out.died.add(rank)
-                    if rank in pending:
-                        out.failures[rank] = "died without a Python exception: " + group.status(
-                            rank
-                        )
-                elif rank not in pending:
-                    continue  # a late answer to an earlier request
-                elif kind == ch.FATAL:
-                    out.failures[rank] = "could not start:\n" + payload.decode()
-                elif tid != task_id or kind not in (want, ch.ERROR, ch.WAITING_ERROR):
-                    continue  # READY before the first result, stale stacks...
-                elif kind in (ch.ERROR, ch.WAITING_ERROR):
-                    out.failures[rank] = payload.decode()
-                    if kind == ch.WAITING_ERROR:
-                        out.waiting.add(rank)
-                else:
-                    try:
-                        out.results[rank] = ch.loads(payload) if kind == ch.RESULT else None
-                    except Exception as exc:
-                        out.failures[rank] = (
-                            f"returned a value that cannot be unpickled here: "
-                            f"{type(exc).__name__}: {exc}"
-                        )
-                pending.discard(rank)
-                if out.failures and give_up is None:
-                    give_up = time.monotonic() + grace
+            for message in group.step(max(0.0, wake - now)):
+                if _settle(out, group, message, task_id, want, pending):
+                    pending.discard(message[0])
+                    if out.failures and give_up is None:
+                        give_up = time.monotonic() + grace
         out.running = sorted(pending)
         if out.timeout is not None and out.running:
             out.stacks = _ask_stacks(group, out.running)
     finally:
         group.drain()
     return out
+
+
+def _settle(
+    out: Outcome,
+    group: RankGroup,
+    message: tuple[int, str, int, bytes],
+    task_id: int,
+    want: str,
+    pending: set[int],
+) -> bool:
+    """Books one message from a rank into `out`; True when it settles that rank (it
+    answered `want` for `task_id`, failed, or died), False when it is not the awaited one."""
+    rank, kind, tid, payload = message
+    if kind == DIED:
+        out.died.add(rank)
+        if rank in pending:
+            out.failures[rank] = "died without a Python exception: " + group.status(rank)
+        return True
+    if rank not in pending:
+        return False  # a late answer to an earlier request
+    if kind == ch.FATAL:
+        out.failures[rank] = "could not start:\n" + payload.decode()
+    elif tid != task_id or kind not in (want, ch.ERROR, ch.WAITING_ERROR):
+        return False  # READY before the first result, stale stacks...
+    elif kind in (ch.ERROR, ch.WAITING_ERROR):
+        out.failures[rank] = payload.decode()
+        if kind == ch.WAITING_ERROR:
+            out.waiting.add(rank)
+    else:
+        try:
+            out.results[rank] = ch.loads(payload) if kind == ch.RESULT else None
+        except Exception as exc:
+            out.failures[rank] = (
+                f"returned a value that cannot be unpickled here: {type(exc).__name__}: {exc}"
+            )
+    return True
 
 
 def _ask_stacks(group: RankGroup, ranks: list[int]) -> dict[int, str]:
