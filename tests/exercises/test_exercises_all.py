@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from zbkit.exercises import EXERCISES, check
-from zbkit.exercises._core import _load
+from zbkit.exercises import EXERCISES, all_exercises, check
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 BOOKS = {p.name[:2]: p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
-_load()
-KEYS = sorted(EXERCISES)
+KEYS = list(all_exercises())
 
 
 def _source(cell: dict) -> str:

@@ -10,6 +10,6 @@ that ends in the same ``check``.
 
 from __future__ import annotations
 
-from zbkit.exercises._core import EXERCISES, Exercise, Verdict, check, exercise
+from zbkit.exercises._core import EXERCISES, Exercise, Verdict, all_exercises, check, exercise
 
-__all__ = ["EXERCISES", "Exercise", "Verdict", "check", "exercise"]
+__all__ = ["EXERCISES", "Exercise", "Verdict", "all_exercises", "check", "exercise"]

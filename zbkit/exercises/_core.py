@@ -66,6 +66,13 @@ def _load() -> None:
                 raise
 
 
+def all_exercises() -> dict[str, Exercise]:
+    """Every notebook's exercises, by key ("01.1", ...), in key order."""
+    if not EXERCISES:
+        _load()
+    return dict(sorted(EXERCISES.items()))
+
+
 def check(key: str, answer: Any) -> Verdict:
     """Whether `answer` is right for exercise `key` (e.g. "03.1"), and why.
 
