@@ -210,16 +210,20 @@ class Timeline:
 
     def place(self, stage: int, kind: str, j: int | None = None, at: float | None = None) -> float:
         """Run (stage, kind, j) (j: the next microbatch of that kind) as early as its rank
-        and its inputs allow, or at `at` (an event-driven policy decides at event times,
-        inputs within `TOL` of it counting as there); returns its end. `Slower` if its
-        rank's span must now pass the bound; ValueError if an input is not placed yet."""
+        and its inputs allow; returns its end. An event-driven policy gives `at`, the event
+        time it decided at, having asked `arrival` (inputs within `TOL` of it count as
+        there). `Slower` if the rank's span must now pass the bound; ValueError if an input
+        is not placed yet."""
         r = self.where[stage]
         j = self.count[kind][stage] if j is None else j
-        ready = self.arrival(stage, kind, j)
-        if ready is None:
-            raise ValueError(f"rank {r}: {stage}{kind}{j} placed before its inputs")
         free = self.free[r]
-        start = (free if free > ready else ready) if at is None else at
+        if at is None:
+            ready = self.arrival(stage, kind, j)
+            if ready is None:
+                raise ValueError(f"rank {r}: {stage}{kind}{j} placed before its inputs")
+            start = free if free > ready else ready
+        else:  # the policy asked `arrival` when it decided
+            start = at
         if self.first[r] is None:
             self.first[r] = start
         else:  # idle time since the rank's first action only grows: so does work + idle
