@@ -30,11 +30,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules._timeline import TOL, Slower, Timeline, fastest_variant
+from zbkit.schedules._timeline import TOL, Timeline, fastest_variant
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
 
-__all__ = ["Slower", "best_heuristic", "heuristic", "sweep"]
+__all__ = ["best_heuristic", "heuristic", "sweep"]
 
 
 def _fill_gap(tl: Timeline, s: int, ready: float, share: float) -> None:
