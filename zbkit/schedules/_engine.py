@@ -14,7 +14,7 @@ simulate in a few tens of milliseconds for a slider to feel live.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from zbkit.schedules.action import KINDS, Action, Overlap, Product
 from zbkit.schedules.schedule import Schedule
@@ -109,6 +109,18 @@ def run(
                 if key in waiting:
                     todo.extend(waiting.pop(key))
         free[r] = t_free
+    _check_all_ran(program, times, ready_at, n, m)
+    return times
+
+
+def _check_all_ran(
+    program: Mapping[int, Sequence[Action | Overlap]],
+    times: dict[int, list[tuple[float, float]]],
+    ready_at: list[float | None],
+    n: int,
+    m: int,
+) -> None:
+    """Raise `Stuck` naming each rank that did not finish and what its next item awaits."""
     stuck = {}
     for r, items in program.items():
         pos = len(times[r])
@@ -122,7 +134,6 @@ def run(
             stuck[r] = (pos, item, need)
     if stuck:
         raise Stuck(stuck)
-    return times
 
 
 # per kind, per stage: (what it waits for, the key it makes, its duration) - see below

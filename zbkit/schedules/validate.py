@@ -103,19 +103,7 @@ def _check_actions(schedule: Schedule) -> list[int]:
     """
     n, m = schedule.num_stages, schedule.microbatches
     nm, where = n * m, schedule.stage_to_rank
-    letters = list(KINDS)
-    products = list(Product)
-    # per kind, from the table: its index, its parts' indices, what it needs from its own
-    # stage (product indices), what it makes (a product index or -1)
-    table = {
-        k: (
-            letters.index(k),
-            tuple(PARTS.index(p) for p in kind.parts),
-            tuple(products.index(p) for p, d in kind.needs if d == 0),
-            products.index(kind.makes) if kind.makes is not None else -1,
-        )
-        for k, kind in KINDS.items()
-    }
+    letters, products, table = list(KINDS), list(Product), _kind_table()
     seen = [-1] * (len(letters) * nm)  # action -> position
     done = [-1] * (len(PARTS) * nm)  # part of (stage, mb) -> position of who did it
     made = [False] * (len(products) * nm)
@@ -186,6 +174,21 @@ def _check_actions(schedule: Schedule) -> list[int]:
                 if key >= 0:
                     made[key] = True
     return done
+
+
+def _kind_table() -> dict[str, tuple[int, tuple[int, ...], tuple[int, ...], int]]:
+    """Per kind, from `KINDS`: its index, its parts' indices, what it needs from its own
+    stage (product indices), what it makes (a product index or -1)."""
+    letters, products = list(KINDS), list(Product)
+    return {
+        k: (
+            letters.index(k),
+            tuple(PARTS.index(p) for p in kind.parts),
+            tuple(products.index(p) for p, d in kind.needs if d == 0),
+            products.index(kind.makes) if kind.makes is not None else -1,
+        )
+        for k, kind in KINDS.items()
+    }
 
 
 def _here(rank: int, pos: int, a: Action) -> str:

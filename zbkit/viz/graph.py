@@ -30,63 +30,15 @@ from zbkit.viz._autograd import (
     node_shape,
     output_shapes,
     shape_text,
-    walk,
 )
 from zbkit.viz._dot import ZbDigraph, legend, shorten
+from zbkit.viz._graph_walk import unpack
 from zbkit.viz._modbox import collapsed_box
 
 # the shape helpers are public here: the widgets label the same nodes the same way
 __all__ = ["draw_graph", "node_shape", "output_shapes", "shape_text"]
 
 Phase = Literal["F", "I", "W"]
-
-
-def _is_tensors(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) or (
-        isinstance(x, Sequence) and len(x) > 0 and all(isinstance(t, torch.Tensor) for t in x)
-    )
-
-
-def _unpack(obj: Any, inputs: Any, module: torch.nn.Module | None) -> tuple[Walk, Any]:
-    """(walk, analysis) from a SplitGradAnalysis, or from output tensors (analysed here)."""
-    from zbkit.splitgrad import analyze, grad_node
-
-    if _is_tensors(obj):
-        outputs = [obj] if isinstance(obj, torch.Tensor) else list(obj)
-        for i, t in enumerate(outputs):
-            if grad_node(t) is None:
-                raise ValueError(
-                    f"output {i} (shape {tuple(t.shape)}) does not require grad: nothing it "
-                    "depends on requires grad, so there is no autograd graph to draw"
-                )
-        ins = [] if inputs is None else [inputs] if isinstance(inputs, torch.Tensor) else inputs
-        # without a module the graph is still drawn, with parameters unnamed and no groups
-        analysis = analyze(outputs, list(ins), module if module is not None else torch.nn.Module())
-        roots = [grad_node(t) for t in outputs]
-        shapes: list[tuple[int, ...] | None] = [tuple(t.shape) for t in outputs]
-    elif hasattr(obj, "reverse_graph") and hasattr(obj, "groups"):
-        analysis = obj
-        # the outputs are the nodes nobody consumes, first in the reverse graph's order
-        roots = [n for n, users in analysis.reverse_graph.items() if not users]
-        shapes = [node_shape(n) for n in roots]
-    else:
-        raise TypeError(
-            "draw_graph takes a SplitGradAnalysis (from zbkit.splitgrad.analyze) or the "
-            f"stage's output tensor(s); got {type(obj).__name__}"
-        )
-    labels: dict[Any, str] = analysis.labels
-    input_nodes = {
-        n: int(label[len("input[") : -1])
-        for n, label in labels.items()
-        if label.startswith("input[")
-    }
-    # analyze labels a parameter by its name and every other node "Name#k"
-    param_names = {
-        n: label
-        for n, label in labels.items()
-        if hasattr(n, "variable") and "#" not in label and n not in input_nodes
-    }
-    return walk(roots, shapes, input_nodes, param_names, labels), analysis
 
 
 def _w_regions(w: Walk, closure: set[Any], groups: list[Any]) -> dict[str, int]:
@@ -183,15 +135,11 @@ def draw_graph(
     """
     if highlight not in (None, "F", "I", "W"):
         raise ValueError(f"highlight={highlight!r}; use 'F', 'I', 'W' or None")
-    w, analysis = _unpack(analysis_or_outputs, inputs, module)
+    w, analysis = unpack(analysis_or_outputs, inputs, module)
     assign_modules(w)
     groups = [g.group for g in analysis.groups]  # GroupInfo -> its ParamGroup (nodes)
     names = [list(g.param_names) for g in analysis.groups]
-    if group is not None and not 0 <= group < len(groups):
-        raise ValueError(
-            f"group={group}, but the analysis has {len(groups)} groups "
-            f"(valid: 0..{len(groups) - 1})"
-        )
+    _check_group(group, len(groups))
     closure = set(analysis.input_closure)
     split_nodes = {n for g in groups for n in g.intermediates}
     chosen = set(groups[group].intermediates) if group is not None else split_nodes
@@ -200,10 +148,7 @@ def draw_graph(
     )
     depth = depth if depth is not None else _auto_depth(w, max_nodes)
 
-    dot = ZbDigraph(name="autograd")
-    dot.attr(rankdir="TB", fontname="Helvetica", fontsize="11", labelloc="t", nodesep="0.25")
-    dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="9")
-    dot.attr("edge", arrowsize="0.6", color="#666666")
+    dot = _digraph()
     rep, boxes, module_of_box = _boxes(w, depth)
     clusters: dict[int, graphviz.Digraph] = {}
     mixed = False  # a collapsed box runs in both passes: the legend shows its bar
@@ -221,6 +166,21 @@ def draw_graph(
         summary += f", collapsed to module depth {depth}"
     dot.attr(label=title if title is not None else f"autograd graph: {summary}")
     dot.zb_summary = summary
+    return dot
+
+
+def _check_group(group: int | None, count: int) -> None:
+    if group is not None and not 0 <= group < count:
+        raise ValueError(
+            f"group={group}, but the analysis has {count} groups (valid: 0..{count - 1})"
+        )
+
+
+def _digraph() -> ZbDigraph:
+    dot = ZbDigraph(name="autograd")
+    dot.attr(rankdir="TB", fontname="Helvetica", fontsize="11", labelloc="t", nodesep="0.25")
+    dot.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="9")
+    dot.attr("edge", arrowsize="0.6", color="#666666")
     return dot
 
 

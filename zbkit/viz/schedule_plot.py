@@ -131,12 +131,7 @@ def plot_schedule(
     shown = check_ranks(ranks, max(main.num_ranks, ref.num_ranks if ref else 0))
     rows = _rows(shown, main, ref if compare == "rows" else None, ref)
     span = max(main.makespan, ref.makespan if ref else 0.0)
-
-    height = 0.9 + 0.42 * len(rows)
-    fig = ZbFigure(figsize=(width, height), dpi=DPI)
-    ax = fig.add_axes((0.09, 0.5 / height + 0.05 / height, 0.89, 1 - 1.05 / height))
-    px_per_unit = (0.89 * width * DPI) / span if span > 0 else 0.0
-    box_px = 2 * _BOX_HALF * (height - 1.05) * DPI / len(rows)  # a box's height in pixels
+    fig, ax, px_per_unit, box_px = _figure(len(rows), width, span)
     # several stages per rank (zb-v, interleaved): chunk 0 in the kind's colour, the last dark
     chunk_of = chunks([*main.events, *(ref.events if ref else [])])
     num_chunks = max(chunk_of.values(), default=0) + 1
@@ -165,6 +160,16 @@ def plot_schedule(
     numbers = _title(ax, title, main, ref)
     fig._zb_summary = f"schedule of {len(shown)} ranks, {numbers}"
     return fig
+
+
+def _figure(rows: int, width: float, span: float) -> tuple[ZbFigure, Any, float, float]:
+    """The figure, its axes, and how many pixels a time unit and a box's height take."""
+    height = 0.9 + 0.42 * rows
+    fig = ZbFigure(figsize=(width, height), dpi=DPI)
+    ax = fig.add_axes((0.09, 0.5 / height + 0.05 / height, 0.89, 1 - 1.05 / height))
+    px_per_unit = (0.89 * width * DPI) / span if span > 0 else 0.0
+    box_px = 2 * _BOX_HALF * (height - 1.05) * DPI / rows  # a box's height in pixels
+    return fig, ax, px_per_unit, box_px
 
 
 def _rows(
