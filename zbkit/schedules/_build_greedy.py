@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbkit.schedules._timeline import TOL, Timeline
-from zbkit.schedules.action import Action
+from zbkit.schedules.action import PARTS, Action
 from zbkit.schedules.costs import Costs
 
 __all__ = ["Moves", "greedy"]
@@ -149,7 +149,8 @@ class _Greedy:
         return None
 
     def loop(self) -> None:
-        tl, times, now, total = self.tl, self.times, self.now, 3 * len(self.tl.where) * self.tl.m
+        tl, times, now = self.tl, self.times, self.now
+        total = len(PARTS) * len(tl.where) * tl.m  # an F, an I and a W per stage and microbatch
         while tl.placed < total and times:
             t, r = heapq.heappop(times)
             self.t = t
@@ -182,7 +183,7 @@ def greedy(
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
     _Greedy(tl, fill, hold, Moves() if moves is None else moves).loop()
-    if tl.placed < 3 * len(stage_to_rank) * m:
+    if tl.placed < len(PARTS) * len(stage_to_rank) * m:
         ranks = range(len(tl.free))
         raise ValueError(
             f"memory_limit={memory_limit:g} is too small to finish: a rank cannot run its next "
