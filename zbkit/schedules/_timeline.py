@@ -5,7 +5,10 @@ only decides which action a rank runs next. What follows from that decision is t
 all of them and lives here, in `Timeline`, read from the `KINDS` table and one cost table:
 
   readiness   when an action's inputs are there (`arrival`): the end of each action it
-              waits for (`Kind.needs`), plus `comm` when that ran on another rank;
+              waits for (`Kind.needs`), plus `comm` when that ran on another rank (the
+              waiting stage's, as the simulator charges it; `hop` where a builder keeps
+              the reading it was published with); `latest_input` names the input that
+              came last (the refiner walks the critical path with it);
   placing     `place`: it starts when its rank is free and its inputs are there, and ends
               its duration later; the rank's free time moves to that end;
   memory      `held` per rank, changed by `Costs.memory` (the one memory rule); `fits`
