@@ -30,6 +30,7 @@ from itertools import accumulate
 from zbkit.schedules._timeline import inputs
 from zbkit.schedules.action import PARTS, Action
 from zbkit.schedules.costs import Costs
+from zbkit.schedules.placement import stage_to_rank
 
 Key = tuple[int, str, int]  # (stage, kind, microbatch)
 Line = list[Key | None]  # one rank's passes by slot (None: a free slot)
@@ -130,7 +131,7 @@ def _move_earlier(slot, lines, rank_of, keys, peak, held) -> None:
 
 def v_schedule(p: int, m: int, variant: str) -> dict[int, list[Action]]:
     """`variant` is "v-half" or "v-min"; returns program[rank]."""
-    rank_of = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+    rank_of = stage_to_rank("v", p)
     # 1-2. the block, repeated every 6 slots; the W fill the free slots, oldest I first
     blocks = _block(p, variant)
     span = 6 * (m - 1) + 1 + max(t for passes in blocks.values() for t, _, _ in passes)

@@ -38,6 +38,7 @@ import math
 from zbkit.schedules._timeline import TOL, Slower, Timeline, fastest_variant
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
+from zbkit.schedules.placement import stage_to_rank
 
 
 class _Build:
@@ -49,7 +50,7 @@ class _Build:
     ):
         p = len(costs) // 2
         self.p, self.m, self.limit = p, m, limit
-        where = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+        where = stage_to_rank("v", p)
         # the reference reads the comm of the sending rank's first stage (the same for one
         # Costs; the simulator charges the receiving stage's): kept so the schedules agree
         self.tl = Timeline(costs, where, m, limit, give_up, hop=lambda t, s: costs[where[s]].comm)

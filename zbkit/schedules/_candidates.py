@@ -18,6 +18,7 @@ from zbkit.schedules._refine import best_sweep, defer_late_ws, plain_program
 from zbkit.schedules._timeline import Slower
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs
+from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
 
 PLACEMENTS = ("linear", "v")
@@ -39,9 +40,7 @@ class Problem:
 
     @property
     def stage_to_rank(self) -> list[int]:
-        if self.placement == "v":
-            return [s if s < self.pp else 2 * self.pp - 1 - s for s in range(2 * self.pp)]
-        return list(range(self.pp))
+        return stage_to_rank(self.placement, self.pp)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from zbkit.schedules import _build_looped as looped
 from zbkit.schedules import formulas as f
 from zbkit.schedules._build_dualpipe import dualpipe_v
 from zbkit.schedules._build_v import v_schedule
+from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
 
 __all__ = [
@@ -32,19 +33,6 @@ __all__ = [
     "searchers",
     "stage_to_rank",
 ]
-
-
-def stage_to_rank(placement: str, pp: int, v: int = 1) -> list[int]:
-    """The rank of each stage: "linear" (stage s on rank s), "looped" (v rounds down the
-    ranks: stage s on rank s % pp, Megatron's and torch's interleaving) or "v" (two stages
-    a rank, down the ranks and back up: stages s and 2p-1-s on rank s, ZB-V's V)."""
-    if placement == "linear" or (placement == "looped" and v == 1):
-        return list(range(pp))
-    if placement == "looped":
-        return [s % pp for s in range(v * pp)]
-    if placement == "v":
-        return [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
-    raise ValueError(f"placement must be 'linear', 'looped' or 'v', got {placement!r}")
 
 
 class Style(NamedTuple):

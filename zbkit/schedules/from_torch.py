@@ -25,8 +25,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from zbkit.schedules.builders import build_schedule
-from zbkit.schedules.catalog import RECORDS, ScheduleRecord, stage_to_rank
+from zbkit.schedules.catalog import RECORDS, ScheduleRecord
 from zbkit.schedules.costs import MEMORY_UNIT, Costs
+from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Simulation, simulate
 from zbkit.schedules.validate import validate
