@@ -51,11 +51,11 @@ class TorchProgress:
         self._patches = MethodPatches()
 
     def wrap(self) -> None:
-        from zbkit.pipeline.torch_trace import _METHODS
+        from zbkit.pipeline.torch_trace import STAGE_METHODS
 
         self._patches.set(self.torch_schedule, "step", self._step(self.torch_schedule.step))
         for stage in self.stages:
-            for name in _METHODS:
+            for name in STAGE_METHODS:
                 self._patches.set(stage, name, self._action(stage, name))
 
     def unwrap(self) -> None:

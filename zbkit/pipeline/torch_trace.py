@@ -42,7 +42,7 @@ from zbkit.schedules.action import Action, Overlap, Product
 __all__ = ["TorchRecorder", "schedule_of_trace", "trace_torch"]
 
 # the stage methods torch's schedules call per compute action
-_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 _MISSING = object()  # no instance attribute of that name before the patch
 
 
@@ -50,7 +50,7 @@ def torch_stages(schedule: Any, refusal: str) -> list[Any]:
     """The stage objects of a torch pipeline schedule on this rank; TypeError
     `"{refusal}, got {type}"` for anything else."""
     stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
-    if not stages or any(s is None or not hasattr(s, _METHODS[0]) for s in stages):
+    if not stages or any(s is None or not hasattr(s, STAGE_METHODS[0]) for s in stages):
         raise TypeError(f"{refusal}, got {type(schedule).__name__}")
     return list(stages)
 
@@ -113,7 +113,7 @@ class TorchRecorder:
         if self._cuda_class is not None:
             self._cuda = self._cuda_class(self.clock)
         for stage in self.stages:
-            for name in _METHODS:
+            for name in STAGE_METHODS:
                 self._patches.set(stage, name, self._wrap(stage, name, getattr(stage, name)))
 
     def stop(self) -> None:

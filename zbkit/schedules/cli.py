@@ -8,10 +8,10 @@ import sys
 from zbkit.schedules._candidates import Candidate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.catalog import RECORDS, SCHEDULES, searchers
-from zbkit.schedules.costs import MEMORY_UNIT
+from zbkit.schedules.costs import MEMORY_UNIT, Costs
 from zbkit.schedules.formulas import bubble, conditions
 from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.simulate import Costs, Simulation, simulate
+from zbkit.schedules.simulate import Simulation, simulate
 from zbkit.schedules.throughput import throughput
 from zbkit.schedules.validate import validate
 

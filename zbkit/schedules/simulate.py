@@ -21,15 +21,13 @@ from zbkit.schedules.events import (
     CommEvent,
     Event,
     bubble_of,
-    bubble_rate,
     memory_steps,
 )
 from zbkit.schedules.plan import Comm, CommOp, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError, expect_schedule
 from zbkit.schedules.validate import check_actions, deadlock_error, validate
 
-# Costs, Event and bubble_rate were defined here before; they stay importable from here
-__all__ = ["Costs", "Event", "Simulation", "bubble_rate", "simulate"]
+__all__ = ["Simulation", "simulate"]
 
 
 @dataclass
