@@ -28,7 +28,7 @@ from zbkit.splitgrad import (
     stage_backward_input,
     stage_backward_weight,
 )
-from zbkit.splitgrad._groups import analyse_stage
+from zbkit.splitgrad._groups import find_stage_groups
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +79,7 @@ def test_a_reused_plan_is_what_a_fresh_analysis_finds(programs, first, seed):
         out_nodes = [grad_node(o) for o in outs]
         in_nodes = [grad_node(x) for x in xs if x.requires_grad]
         cached = _plan.analyse_cached(out_nodes, in_nodes, weights)
-        _same_analysis(cached, analyse_stage(out_nodes, in_nodes, weights))
+        _same_analysis(cached, find_stage_groups(out_nodes, in_nodes, weights))
     assert _plan.PLANS.hits >= len(programs)
 
 

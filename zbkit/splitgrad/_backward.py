@@ -28,7 +28,7 @@ import torch
 from torch.autograd.graph import Node, get_gradient_edge
 
 from zbkit.splitgrad._directions import GradDirection, grad_directions
-from zbkit.splitgrad._groups import analyse_stage
+from zbkit.splitgrad._groups import find_stage_groups
 from zbkit.splitgrad._input_fast import FastInput
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
 
@@ -232,7 +232,7 @@ def stage_backward_input(
     run_i = bool(wanted and tensors)  # first stage: nothing to do here, W does it all
     fast = FastInput.start(out_nodes, input_nodes, weights, run_i)  # None: reference path only
     # the same analysis either way; the fast path keeps it per graph structure
-    stage = fast.plan if fast else analyse_stage(out_nodes, input_nodes, weights)
+    stage = fast.plan if fast else find_stage_groups(out_nodes, input_nodes, weights)
     edges_at = _positions(out_nodes)  # output node -> its positions among the outputs
     works: list[PendingGroup] = []
     handles = []

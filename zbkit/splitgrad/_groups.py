@@ -182,7 +182,7 @@ class StageAnalysis:
     tensors: list[list[torch.Tensor]]  # per group, its parameters (param_nodes order)
 
 
-def analyse_stage(
+def find_stage_groups(
     output_nodes: Sequence[Node], input_nodes: Sequence[Node], weights: Sequence[torch.Tensor]
 ) -> StageAnalysis:
     """The reverse graph, the input closure and the parameter groups of one stage graph."""

@@ -34,7 +34,7 @@ from torch.autograd.graph import GradientEdge, Node
 
 from zbkit.splitgrad._fast import eager_candidates
 from zbkit.splitgrad._free import free_early, freeable, input_only_nodes
-from zbkit.splitgrad._groups import ParamGroup, analyse_stage
+from zbkit.splitgrad._groups import ParamGroup, find_stage_groups
 from zbkit.splitgrad._pending import PendingGroup
 
 MAX_PLANS = 32  # structures kept, least recently used dropped first (keys hold no tensors)
@@ -177,8 +177,8 @@ def _make_plan(
     pos: dict[Node, int],
     weight_pos: tuple[int, ...],
 ) -> StagePlan:
-    """The analysis of this graph (analyse_stage), written in positions."""
-    found = analyse_stage(output_nodes, input_nodes, weights)
+    """The analysis of this graph (find_stage_groups), written in positions."""
+    found = find_stage_groups(output_nodes, input_nodes, weights)
     first: dict[int, int] = {}  # position -> index of the first weight there (tied weights)
     for i, p in enumerate(weight_pos):
         if p >= 0:
@@ -205,10 +205,10 @@ def _make_plan(
 def analyse_cached(
     output_nodes: list[Node], input_nodes: list[Node], weights: list[torch.Tensor]
 ) -> BoundPlan:
-    """analyse_stage's groups for this graph, from the plan of its structure (made on a miss)."""
+    """find_stage_groups for this graph, from the plan of its structure (made on a miss)."""
     nodes, pos, key, leaf_pos = walk(output_nodes)
     weight_pos = []
-    for w in weights:  # as analyse_stage finds each weight's node
+    for w in weights:  # as find_stage_groups finds each weight's node
         p = leaf_pos.get(id(w))
         if p is None and w.requires_grad and w.grad_fn is not None:  # a non-leaf: its own node
             p = pos.get(w.grad_fn)
