@@ -103,7 +103,7 @@ def _check_actions(schedule: Schedule) -> list[int]:
     """
     n, m = schedule.num_stages, schedule.microbatches
     nm, where = n * m, schedule.stage_to_rank
-    letters, products, table = list(KINDS), list(Product), _kind_table()
+    letters, products, table = list(KINDS), list(Product), _kind_table(nm)
     seen = [-1] * (len(letters) * nm)  # action -> position
     done = [-1] * (len(PARTS) * nm)  # part of (stage, mb) -> position of who did it
     made = [False] * (len(products) * nm)
@@ -131,28 +131,28 @@ def _check_actions(schedule: Schedule) -> list[int]:
             )
         base = s * m + j
         index, parts, local_needs, makes = table[a.kind]
-        first = seen[index * nm + base]
+        first = seen[index + base]
         if first >= 0:
             msg = f"{_here(rank, pos, a)} is repeated (first at position {first})"
             raise _fail(schedule, msg, [(rank, first), (rank, pos)])
         for p in parts:
-            p2 = done[p * nm + base]
+            p2 = done[p + base]
             if p2 >= 0:  # same stage means same rank: p2 is a position on this rank
                 raise _fail(
                     schedule,
-                    f"{_here(rank, pos, a)} computes the {_PART_NAME[PARTS[p]]} a second time "
-                    f"({program[p2]} at position {p2} did); each of {', '.join(PARTS)} runs "
-                    f"once per stage and microbatch: {_ways()}",
+                    f"{_here(rank, pos, a)} computes the {_PART_NAME[PARTS[p // nm]]} a second "
+                    f"time ({program[p2]} at position {p2} did); each of {', '.join(PARTS)} "
+                    f"runs once per stage and microbatch: {_ways()}",
                     [(rank, p2), (rank, pos)],
                 )
         for q in local_needs:  # what it needs from its own stage: made earlier here
-            if not made[q * nm + base]:
-                why = _missing(a, item, products[q], program)
+            if not made[q + base]:
+                why = _missing(a, item, products[q // nm], program)
                 raise _fail(schedule, f"{_here(rank, pos, a)} {why}", [(rank, pos)])
         for p in parts:
-            done[p * nm + base] = pos
-        seen[index * nm + base] = pos
-        return makes * nm + base if makes >= 0 else -1
+            done[p + base] = pos
+        seen[index + base] = pos
+        return makes + base if makes >= 0 else -1
 
     for rank in range(schedule.pp):
         program = schedule.program[rank]
@@ -176,16 +176,17 @@ def _check_actions(schedule: Schedule) -> list[int]:
     return done
 
 
-def _kind_table() -> dict[str, tuple[int, tuple[int, ...], tuple[int, ...], int]]:
-    """Per kind, from `KINDS`: its index, its parts' indices, what it needs from its own
-    stage (product indices), what it makes (a product index or -1)."""
+def _kind_table(nm: int) -> dict[str, tuple[int, tuple[int, ...], tuple[int, ...], int]]:
+    """Per kind, from `KINDS`, each index times `nm` (a key less stage * m + microbatch):
+    its own, its parts', what it needs from its own stage (products), what it makes (a
+    product, or -1)."""
     letters, products = list(KINDS), list(Product)
     return {
         k: (
-            letters.index(k),
-            tuple(PARTS.index(p) for p in kind.parts),
-            tuple(products.index(p) for p, d in kind.needs if d == 0),
-            products.index(kind.makes) if kind.makes is not None else -1,
+            letters.index(k) * nm,
+            tuple(PARTS.index(p) * nm for p in kind.parts),
+            tuple(products.index(p) * nm for p, d in kind.needs if d == 0),
+            products.index(kind.makes) * nm if kind.makes is not None else -1,
         )
         for k, kind in KINDS.items()
     }
