@@ -279,17 +279,18 @@ def _waiting(frame: FrameType) -> bool:
 
 def _locate(frames: list[FrameType]) -> tuple[Schedule | None, int, int, str] | None:
     """(schedule, rank, position in its program, what it waits for), from the innermost
-    frame of zbkit's ``ScheduleRunner.step`` (torch's schedules: ``TorchProgress``)."""
+    frame of zbkit's ``ScheduleRunner._walk`` (the step's loop, which keeps the count), else
+    of ``ScheduleRunner.step`` (its start); torch's schedules: ``TorchProgress``."""
     for f in frames:
         path = f.f_code.co_filename.replace("\\", "/")
         name = f.f_code.co_name
-        if name == "step" and path.endswith("/zbkit/pipeline/runner.py"):
+        if name in ("_walk", "step") and path.endswith("/zbkit/pipeline/runner.py"):
             return _zbkit_spot(f.f_locals)
     return None
 
 
 def _zbkit_spot(local: dict[str, Any]) -> tuple[Schedule, int, int, str]:
-    # ScheduleRunner.step's own bookkeeping: `done` compute actions finished, `item` the
+    # ScheduleRunner._walk's own bookkeeping: `done` compute actions finished, `item` the
     # plan step it is on (a receive waits for the next action; a send follows the last one)
     from zbkit.schedules.plan import Comm, CommOp
 
