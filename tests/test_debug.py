@@ -15,7 +15,9 @@ import pytest
 import zbkit.debug
 
 HERE = Path(__file__).parent
-ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "ZBKIT_DEBUG_TIMEOUT": "5"}
+# the watchdog's timeout also bounds the waits before the deadlock (the first step's schedule
+# and shape agreement), which must succeed: 15 s leaves a busy machine room
+ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "ZBKIT_DEBUG_TIMEOUT": "15"}
 
 
 def free_port() -> int:
