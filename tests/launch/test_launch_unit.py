@@ -10,7 +10,7 @@ import pytest
 
 from zbkit.launch import Cluster, LaunchError, launch
 from zbkit.launch import _channel as ch
-from zbkit.launch._procs import exit_status
+from zbkit.launch._errors import exit_status
 from zbkit.launch._rich import RichResult, to_payload
 from zbkit.launch._worker import run_cell
 

@@ -16,7 +16,7 @@ import sys
 import types
 from typing import Any
 
-from zbkit.launch._procs import LaunchError
+from zbkit.launch._errors import LaunchError
 from zbkit.launch.cluster import Cluster
 from zbkit.launch.launcher import launch
 

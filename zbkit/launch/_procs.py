@@ -23,9 +23,7 @@ from multiprocessing.connection import wait as wait_any
 from typing import Any, TextIO
 
 from zbkit.launch import _channel as ch
-
-# launcher, cluster and magics import these from here (quiet_interrupt is theirs alone)
-from zbkit.launch._errors import LaunchError, exit_status, quiet_interrupt  # noqa: F401
+from zbkit.launch._errors import LaunchError, exit_status
 
 BACKENDS = ("gloo", "nccl")
 DIED = "died"  # pseudo-message: a rank's control channel closed

@@ -9,13 +9,8 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import Outcome, collect, describe
-from zbkit.launch._procs import (
-    LaunchError,
-    RankGroup,
-    check_timeout,
-    exit_status,
-    quiet_interrupt,
-)
+from zbkit.launch._errors import LaunchError, exit_status, quiet_interrupt
+from zbkit.launch._procs import RankGroup, check_timeout
 
 STARTUP_TIMEOUT_S = 300.0  # importing torch on a few busy cores can take a while
 

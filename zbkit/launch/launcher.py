@@ -8,13 +8,8 @@ from typing import Any
 
 from zbkit.launch import _channel as ch
 from zbkit.launch._collect import collect, describe
-from zbkit.launch._procs import (
-    LaunchError,
-    RankGroup,
-    check_args,
-    check_timeout,
-    quiet_interrupt,
-)
+from zbkit.launch._errors import LaunchError, quiet_interrupt
+from zbkit.launch._procs import RankGroup, check_args, check_timeout
 
 
 def launch(

@@ -21,7 +21,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from zbkit.launch._procs import BACKENDS, check_args, check_timeout, quiet_interrupt
+from zbkit.launch._errors import quiet_interrupt
+from zbkit.launch._procs import BACKENDS, check_args, check_timeout
 from zbkit.launch._rich import RichResult, is_figure
 from zbkit.launch.cluster import Cluster
 
