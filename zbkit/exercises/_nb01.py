@@ -7,6 +7,7 @@ values do not matter, only the graph), analyses it with `analyze` and compares.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -141,14 +142,30 @@ def first_stage_closure(answer: Any) -> tuple[bool, str]:
     return False, "the closure starts at the input's node and follows its users: is there one?"
 
 
-@exercise("01.4", "the set of op names W runs that I never runs, apart from the parameters")
-def ops_only_w_runs(answer: Any) -> tuple[bool, str]:
+def block_analysis() -> tuple[nn.Module, SplitGradAnalysis]:
+    """Notebooks 01 and 02's transformer block and its analysis (the learner's random stream
+    left as it was)."""
     from zbkit.models import TransformerBlock
 
     with torch.random.fork_rng(devices=[]):
-        block = TransformerBlock(dim=16, heads=2)  # notebook 01's block and input
+        block = TransformerBlock(dim=16, heads=2)
         h = torch.randn(2, 5, 16, requires_grad=True)  # (batch, tokens, dim)
-        a = analyze(block(h), h, block)
+        return block, analyze(block(h), h, block)
+
+
+def schedule_name(answer: Any, choices: Sequence[str], which: str) -> tuple[str | None, str]:
+    """(the answer as one of `choices`, "") or (None, why not): names are read loosely."""
+    if not isinstance(answer, str):
+        return None, f"give a schedule's name such as 'zb-h1', got {answer!r}"
+    name = answer.strip().lower()
+    if name not in choices:
+        return None, f"{answer!r} is not one of {which}: {', '.join(choices)}"
+    return name, ""
+
+
+@exercise("01.4", "the set of op names W runs that I never runs, apart from the parameters")
+def ops_only_w_runs(answer: Any) -> tuple[bool, str]:
+    _, a = block_analysis()
     params = {name for g in a.groups for name in g.param_names}
     outside = [a.labels[n] for n in a.reverse_graph if n not in a.input_closure]
     ops = [label for label in outside if label not in params]

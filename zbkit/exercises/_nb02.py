@@ -17,9 +17,8 @@ from torch import nn
 from torch.autograd.graph import GradientEdge
 
 from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import as_names, is_count
+from zbkit.exercises._nb01 import as_names, block_analysis, is_count
 from zbkit.splitgrad import (
-    analyze,
     build_reverse_graph,
     grad_node,
     reverse_closure,
@@ -212,13 +211,9 @@ def filled_after_i(answer: Any) -> tuple[bool, str]:
 
 @exercise("02.4", "the index (an int) of the parameter group holding the most numbers")
 def biggest_group(answer: Any) -> tuple[bool, str]:
-    from zbkit.models import TransformerBlock
     from zbkit.viz.graph import output_shapes
 
-    with torch.random.fork_rng(devices=[]):
-        block = TransformerBlock(dim=16, heads=2)  # notebook 02's block and input
-        h = torch.randn(2, 5, 16, requires_grad=True)  # (batch, tokens, dim)
-        a = analyze(block(h), h, block)
+    block, a = block_analysis()
     params = dict(block.named_parameters())
     numbers = [sum(params[n].numel() for n in g.param_names) for g in a.groups]
     best = max(range(len(numbers)), key=numbers.__getitem__)

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import is_count
+from zbkit.exercises._nb01 import is_count, schedule_name
 from zbkit.schedules import Costs, Schedule, build_schedule, formulas, simulate
 from zbkit.schedules.paper import TABLE6
 
@@ -58,11 +58,9 @@ def most_hurt_by_comm(answer: Any) -> tuple[bool, str]:
     slow = Costs(F=1, I=1, W=1, comm=0.2)
     rise = {n: _rate(n, 4, 8, slow) - _rate(n, 4, 8) for n in COMPARED}
     worst = max(rise, key=rise.__getitem__)
-    if not isinstance(answer, str):
-        return False, f"give a schedule's name such as 'zb-h1', got {answer!r}"
-    name = answer.strip().lower()
-    if name not in rise:
-        return False, f"{answer!r} is not one of the seven: {', '.join(COMPARED)}"
+    name, why = schedule_name(answer, COMPARED, "the seven")
+    if name is None:
+        return False, why
     if name != worst:
         return False, (
             f"{name}'s bubble rate rises {100 * rise[name]:.1f} points; another's rises more"

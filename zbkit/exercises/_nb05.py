@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import as_names
+from zbkit.exercises._nb01 import as_names, schedule_name
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
 
 P, M = 4, 8  # the notebook's ranks and microbatches per step
@@ -45,11 +45,9 @@ def speedups(costs: Costs) -> dict[str, float]:
 def short_w(answer: Any) -> tuple[bool, str]:
     short, even = speedups(Costs(T, T, T / 4)), speedups(Costs(T, T, T))
     best = max(short, key=short.__getitem__)
-    if not isinstance(answer, str):
-        return False, f"give a schedule's name such as 'zb-h1', got {answer!r}"
-    name = answer.strip().lower()
-    if name not in short:
-        return False, f"{answer!r} is not one of the timed schedules: {', '.join(RACED)}"
+    name, why = schedule_name(answer, RACED, "the timed schedules")
+    if name is None:
+        return False, why
     table = ", ".join(f"{n} {short[n]:.2f}x (was {even[n]:.2f}x)" for n in RACED[1:])
     lost = max(RACED[1:], key=lambda n: even[n] - short[n])
     if name == best:
