@@ -257,7 +257,8 @@ def test_core_dependencies_leave_out_the_notebook_stack() -> None:
     extras = PROJECT["optional-dependencies"]
     notebook = {Requirement(d).name.lower() for d in extras["notebook"]}
     assert {"matplotlib", "ipython", "ipywidgets", "ipykernel"} <= notebook, notebook
-    assert "zbkit[notebook]" in extras["dev"], "make test needs the notebook stack"
+    assert "zbkit[notebook,exact]" in extras["dev"], "make test needs the notebook stack and HiGHS"
+    assert extras["exact"] == ["highspy>=1.7"]  # the exact solver's one dependency
 
 
 def test_core_packages_run_without_the_notebook_stack() -> None:

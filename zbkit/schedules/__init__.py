@@ -12,6 +12,7 @@ from zbkit.schedules.action import KINDS, Action, Kind, Overlap, Product
 from zbkit.schedules.builders import SCHEDULES, build_schedule, explain_auto
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.events import CommEvent, Event, bubble_rate, memory_deltas, memory_steps
+from zbkit.schedules.exact import Solution, lower_bound, solve
 from zbkit.schedules.from_torch import TorchComparison, compare_with_torch
 from zbkit.schedules.plan import Comm, CommOp, Plan, derive_plan
 from zbkit.schedules.schedule import Schedule, ScheduleError
@@ -34,14 +35,17 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Simulation",
+    "Solution",
     "TorchComparison",
     "bubble_rate",
     "build_schedule",
     "compare_with_torch",
     "derive_plan",
     "explain_auto",
+    "lower_bound",
     "memory_deltas",
     "memory_steps",
     "simulate",
+    "solve",
     "validate",
 ]

@@ -1,0 +1,276 @@
+"""The exact optimum of a small schedule: the order of F, I and W as a MILP, solved by HiGHS.
+
+The Zero Bubble paper's formulation, in zbkit's units (`Costs`' rule, `MEMORY_UNIT`):
+every action a = (stage, kind, microbatch) gets a start time t[a] >= 0;
+- dependencies: F(s, j) after F(s-1, j) ends (+ comm across ranks), I(s, j) after F(s, j) and
+  after I(s+1, j) (+ comm), W(s, j) after I(s, j);
+- one action at a time per rank: for two actions of a rank that no dependency orders, a binary
+  y says which goes first (t[b] >= t[a] + d[a] - H (1 - y), and the other way round);
+- memory: right after each action that grows it, what its rank holds (the sum of the deltas
+  of the actions ordered before it, and its own) stays under the limit;
+- microbatches in order on every stage (as every builder and torch order them), and each
+  rank's first forward pinned where the simulator starts it, so the order the solver finds
+  simulates to the solver's value.
+Objective "span": the longest rank span (zb-auto's, the paper's: what sets the steady state
+when iterations overlap); "makespan": one iteration's length. The solver's proven bound says
+how far from the best possible any schedule of these sizes is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zbkit.schedules.action import Action
+from zbkit.schedules.costs import Costs, per_stage
+from zbkit.schedules.placement import stage_to_rank
+from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.simulate import simulate
+
+__all__ = ["Solution", "lower_bound", "solve"]
+
+OBJECTIVES = ("span", "makespan")
+KINDS3 = ("F", "I", "W")
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What `solve` found: the schedule, its value as `simulate` measures it, and the bound."""
+
+    schedule: Schedule
+    objective: str  # "span" (the longest rank span) or "makespan"
+    value: float  # the schedule's objective, simulated
+    lower_bound: float  # proven: no in-order schedule of these sizes does better
+    optimal: bool  # value reaches the bound
+    seconds: float  # the solver's wall time
+
+    @property
+    def gap(self) -> float:
+        """How far above the bound the value is, as a fraction of the value (0: optimal)."""
+        return (self.value - self.lower_bound) / self.value if self.value > 0 else 0.0
+
+    def __str__(self) -> str:
+        proof = "optimal (proven)" if self.optimal else f"<= {self.gap:.1%} above optimal"
+        return f"{self.objective} {self.value:.6g}, bound {self.lower_bound:.6g}: {proof}"
+
+
+def lower_bound(
+    *,
+    pp: int,
+    microbatches: int,
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    placement: str = "linear",
+) -> float:
+    """A certified lower bound on the longest rank span of any schedule of these sizes, for
+    any size and at once (no solver): the busiest rank's work, and for equal stages the idle
+    time a rank cannot avoid at the start and end under the limit (`_bounds.py`)."""
+    from zbkit.schedules import _bounds
+
+    where = stage_to_rank(placement, pp)
+    per = per_stage(costs, where, "lower_bound")
+    limit = _default_limit(pp, where, per) if memory_limit is None else float(memory_limit)
+    return _bounds.lower_bound(where, microbatches, per, limit, placement)
+
+
+def _default_limit(pp: int, where: list[int], per: list[Costs]) -> float:
+    """1F1B's rank 0: p microbatches of a rank's share (zb-auto's default too)."""
+    return pp * max(
+        sum(per[s].mem_activation for s in range(len(where)) if where[s] == r) for r in range(pp)
+    )
+
+
+def _highs():
+    try:
+        import highspy
+    except ImportError:
+        raise ImportError("zbkit.schedules.solve needs HiGHS: pip install 'zbkit[exact]'") from None
+    return highspy
+
+
+class _Model:
+    """The actions, their durations, memory deltas, ranks and must-precede closure."""
+
+    def __init__(self, where: list[int], m: int, costs: list[Costs]) -> None:
+        self.where, self.m, self.costs = where, m, costs
+        last = len(where) - 1
+        self.actions = [(s, k, j) for s in range(len(where)) for k in KINDS3 for j in range(m)]
+        self.index = {a: i for i, a in enumerate(self.actions)}
+        self.dur = [costs[s].duration(k) for s, k, _ in self.actions]
+        self.delta = [costs[s].memory(k) for s, k, _ in self.actions]
+        self.rank = [where[s] for s, _, _ in self.actions]
+        # (before, after, gap): after starts >= before's end + gap
+        self.edges: list[tuple[int, int, float]] = []
+        for s, k, j in self.actions:
+            a = self.index[s, k, j]
+            if k == "F" and s > 0:
+                self._edge((s - 1, "F", j), a, s - 1, s)
+            if k == "I":
+                self._edge((s, "F", j), a, s, s)
+                if s < last:
+                    self._edge((s + 1, "I", j), a, s + 1, s)
+            if k == "W":
+                self._edge((s, "I", j), a, s, s)
+            if j > 0:  # in order on the stage
+                self._edge((s, k, j - 1), a, s, s)
+        self.after = self._closure()
+
+    def _edge(self, before: tuple, after: int, src: int, dst: int) -> None:
+        hop = self.costs[dst].comm if self.where[src] != self.where[dst] else 0.0
+        self.edges.append((self.index[before], after, hop))
+
+    def _closure(self) -> list[set[int]]:
+        """after[a]: every action that must come after a (dependencies, transitively)."""
+        succ: list[list[int]] = [[] for _ in self.actions]
+        for a, b, _ in self.edges:
+            succ[a].append(b)
+        out: list[set[int]] = [set() for _ in self.actions]
+        for a in reversed(self._topo(succ)):
+            for b in succ[a]:
+                out[a] |= {b} | out[b]
+        return out
+
+    def _topo(self, succ: list[list[int]]) -> list[int]:
+        indeg = [0] * len(succ)
+        for bs in succ:
+            for b in bs:
+                indeg[b] += 1
+        order, ready = [], [a for a, d in enumerate(indeg) if d == 0]
+        while ready:
+            a = ready.pop()
+            order.append(a)
+            for b in succ[a]:
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    ready.append(b)
+        return order
+
+
+def solve(
+    *,
+    pp: int,
+    microbatches: int,
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    placement: str = "linear",
+    objective: str = "span",
+    time_limit: float = 60.0,
+) -> Solution:
+    """The best in-order schedule for these sizes and costs under `memory_limit`, or the best
+    found in `time_limit` seconds with a proven lower bound (module docstring)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"solve: objective must be one of {OBJECTIVES}, got {objective!r}")
+    if placement not in ("linear", "v"):
+        raise ValueError(f"solve: placement must be 'linear' or 'v', got {placement!r}")
+    highspy = _highs()
+    where = stage_to_rank(placement, pp)
+    per = per_stage(costs, where, "solve")
+    model = _Model(where, microbatches, per)
+    if memory_limit is None:
+        memory_limit = _default_limit(pp, where, per)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    # a horizon no in-order schedule's simulated times exceed: everything in series,
+    # every action after one hop
+    horizon = sum(model.dur) + len(model.actions) * max(c.comm for c in per)
+    t = [h.addVariable(lb=0.0, ub=horizon - d) for d in model.dur]
+    for a, b, hop in model.edges:
+        h.addConstr(t[b] - t[a] >= model.dur[a] + hop)
+    for s in range(pp):  # each rank's first forward where the simulator starts it
+        first = model.index[s, "F", 0]
+        start = 0.0 if s == 0 else None
+        if start is not None:
+            h.addConstr(t[first] == 0.0)
+        else:
+            prev = model.index[s - 1, "F", 0]
+            hop = per[s].comm if where[s - 1] != where[s] else 0.0
+            h.addConstr(t[first] - t[prev] == model.dur[prev] + hop)
+    before = _order(h, model, t, horizon)
+    _memory(h, model, before, float(memory_limit))
+    goal = _objective(h, model, t, where, objective, horizon)
+    started = time.perf_counter()
+    h.minimize(goal)
+    seconds = time.perf_counter() - started
+    status = h.getModelStatus()
+    if h.getInfo().primal_solution_status != 2:  # no feasible order found
+        raise ValueError(
+            f"solve: no schedule fits memory_limit={memory_limit:g} for pp={pp}, "
+            f"microbatches={microbatches} (HiGHS: {h.modelStatusToString(status)}); raise it"
+        )
+    schedule = _schedule(model, [h.val(x) for x in t], microbatches)
+    sim = simulate(schedule, per)
+    value = max(sim.span) if objective == "span" else sim.makespan
+    info = h.getInfo()  # a model presolve settles has no branch-and-bound bound: its optimum
+    proven = info.objective_function_value if status == highspy.HighsModelStatus.kOptimal else 0.0
+    bound = min(value, max(info.mip_dual_bound, proven))
+    tol = 1e-6 * max(1.0, value)
+    return Solution(schedule, objective, value, bound, value - bound <= tol, seconds)
+
+
+def _order(h, model: _Model, t, horizon: float) -> dict[tuple[int, int], object]:
+    """before[a, b]: 1 when a runs before b on their rank (a constant where a dependency
+    decides, else a binary with its two big-H constraints)."""
+    before: dict[tuple[int, int], object] = {}
+    by_rank: dict[int, list[int]] = {}
+    for a, r in enumerate(model.rank):
+        by_rank.setdefault(r, []).append(a)
+    for acts in by_rank.values():
+        for i, a in enumerate(acts):
+            for b in acts[i + 1 :]:
+                if b in model.after[a]:
+                    before[a, b], before[b, a] = 1, 0
+                elif a in model.after[b]:
+                    before[a, b], before[b, a] = 0, 1
+                else:
+                    y = h.addBinary()
+                    h.addConstr(t[b] - t[a] + horizon * (1 - y) >= model.dur[a])
+                    h.addConstr(t[a] - t[b] + horizon * y >= model.dur[b])
+                    before[a, b], before[b, a] = y, 1 - y
+    return before
+
+
+def _memory(h, model: _Model, before: dict, limit: float) -> None:
+    """Right after each action that grows its rank's memory, the rank holds at most `limit`."""
+    for a, r in enumerate(model.rank):
+        if model.delta[a] <= 0:
+            continue
+        held = model.delta[a]
+        for b, rb in enumerate(model.rank):
+            if rb == r and b != a and model.delta[b] != 0:
+                held = held + model.delta[b] * before[b, a]
+        if isinstance(held, int | float):
+            if held > limit + 1e-9:
+                raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
+            continue
+        h.addConstr(held <= limit)
+
+
+def _objective(h, model: _Model, t, where: list[int], objective: str, horizon: float):
+    goal = h.addVariable(lb=0.0, ub=horizon)
+    for a, r in enumerate(model.rank):
+        end = t[a] + model.dur[a]
+        if objective == "makespan":
+            h.addConstr(goal >= end)
+        else:  # the rank's span: from its first forward, pinned, to its last end
+            first = model.index[where.index(r), "F", 0]
+            h.addConstr(goal - end + t[first] >= 0)
+    return goal
+
+
+def _schedule(model: _Model, times: list[float], m: int) -> Schedule:
+    """Each rank's actions in the order the solver timed them (ties: dependencies first)."""
+    topo = {a: i for i, a in enumerate(model._topo([sorted(s) for s in _succ(model)]))}
+    program: dict[int, list[Action]] = {}
+    for a in sorted(range(len(model.actions)), key=lambda a: (times[a], topo[a])):
+        s, k, j = model.actions[a]
+        program.setdefault(model.rank[a], []).append(Action(s, k, j))
+    return Schedule(program, list(model.where), m, "zb-opt")
+
+
+def _succ(model: _Model) -> list[list[int]]:
+    succ: list[list[int]] = [[] for _ in model.actions]
+    for a, b, _ in model.edges:
+        succ[a].append(b)
+    return succ
