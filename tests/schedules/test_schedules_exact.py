@@ -131,3 +131,32 @@ def test_without_highspy_the_error_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "highspy", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'zbkit\[exact\]'"):
         solve_exact(pp=2, microbatches=2)
+
+
+def test_every_schedule_is_told_how_far_from_optimal_it_can_be(capsys) -> None:
+    import argparse
+
+    from zbkit.schedules.cli import add_arguments
+    from zbkit.schedules.cli import main as cli_main
+    from zbkit.schedules.exact import bound_for, gap_line
+
+    costs = Costs(1, 1.5, 0.5, comm=0.2)
+    found = solve_exact(pp=4, microbatches=8, costs=costs, memory_limit=4)
+    auto = build_schedule("zb-auto", pp=4, microbatches=8, costs=costs, memory_limit=4)
+    bound = bound_for(auto, costs)  # certified: never above the proven optimum
+    assert bound is not None and bound <= found.lower_bound + 1e-9
+    span = max(simulate(auto, costs).span)
+    assert (
+        gap_line(span, bound) == f"<= {(span - bound) / span:.1%} above optimal (lower bound 30.4)"
+    )
+    # ZB-H1 at 1F1B's memory with equal costs reaches the bound: optimal, and said so
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert cli_main(parser.parse_args(["zb-h1", "--pp", "4", "-m", "8"])) == 0
+    assert (
+        "longest rank span 27: optimal (it reaches the lower bound 27)" in capsys.readouterr().out
+    )
+    # overlapped pairs save time the bounds do not count: no claim
+    dual = build_schedule("dualpipev", pp=4, microbatches=8)
+    assert bound_for(dual, Costs(1, 1, 1, overlap=0.5)) is None
+    assert bound_for(dual, Costs(1, 1, 1)) <= max(simulate(dual, Costs(1, 1, 1)).span)

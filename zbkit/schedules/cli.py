@@ -9,6 +9,7 @@ from zbkit.schedules._candidates import Candidate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.catalog import RECORDS, SCHEDULES, searchers
 from zbkit.schedules.costs import MEMORY_UNIT, Costs
+from zbkit.schedules.exact import bound_for, gap_line
 from zbkit.schedules.formulas import bubble, conditions
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.simulate import Simulation, simulate
@@ -128,6 +129,9 @@ def _report(schedule: Schedule, sim: Simulation, costs: Costs, chosen: Candidate
         print(f"(grid not printed above {_GRID_RANKS} ranks; --save PATH writes it as CSV)")
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g}, one iteration)")
+    # how far from the best any schedule of this placement could do in this memory
+    gap = gap_line(max(sim.span), bound_for(schedule, costs))
+    print(f"longest rank span {max(sim.span):.4g}: {gap}")
     print(throughput(schedule, costs, simulated=sim))
     line = _closed_form(schedule, costs)
     if line is not None:

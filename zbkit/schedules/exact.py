@@ -28,7 +28,7 @@ from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
 from zbkit.schedules.simulate import simulate
 
-__all__ = ["Solution", "lower_bound", "solve"]
+__all__ = ["Solution", "bound_for", "gap_line", "lower_bound", "solve"]
 
 OBJECTIVES = ("span", "makespan")
 KINDS3 = ("F", "I", "W")
@@ -72,6 +72,32 @@ def lower_bound(
     per = per_stage(costs, where, "lower_bound")
     limit = _default_limit(pp, where, per) if memory_limit is None else float(memory_limit)
     return _bounds.lower_bound(where, microbatches, per, limit, placement)
+
+
+def bound_for(schedule: Schedule, costs: Costs | Sequence[Costs] | None = None) -> float | None:
+    """A certified lower bound on the longest rank span of any schedule with `schedule`'s
+    placement and sizes that holds no more memory than it does; None where zbkit has none
+    (overlapped pairs save time, which the bounds do not count)."""
+    from zbkit.schedules import _bounds
+
+    sim = simulate(schedule, costs, check=False)
+    per, where, m = sim.per_stage, schedule.stage_to_rank, schedule.microbatches
+    paired = any(len(item.halves) == 2 for row in schedule.program.values() for item in row)
+    if paired and any(c.overlap for c in per):
+        return None
+    placement = next((p for p in ("linear", "v") if where == stage_to_rank(p, schedule.pp)), None)
+    if placement is None:  # another placement: only the busiest rank's work is certain
+        return _bounds.busy(where, m, per)
+    return _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement)
+
+
+def gap_line(span: float, bound: float | None) -> str:
+    """'optimal' or '<= 3.1% above optimal' for a longest rank span against its bound."""
+    if bound is None:
+        return "no certified bound (overlapped pairs save time the bounds do not count)"
+    if span <= bound * (1 + 1e-9) + 1e-12:
+        return f"optimal (it reaches the lower bound {bound:.6g})"
+    return f"<= {(span - bound) / span:.1%} above optimal (lower bound {bound:.6g})"
 
 
 def _default_limit(pp: int, where: list[int], per: list[Costs]) -> float:
