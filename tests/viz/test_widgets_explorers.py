@@ -332,3 +332,16 @@ def test_run_viewer_title_legend_and_rows_never_overlap_and_one_rank_stays_tall(
         assert "hop 0.0005" in title.get_text() and "F 0.01" in title.get_text()
         assert f"sim: makespan {sim.makespan:.4g}, bubble {sim.bubble_rate:.1%}" in title.get_text()
         assert f"bubble {sim.bubble_rate:.1%} (simulated with F 0.01" in v.numbers.value
+
+
+def test_the_explorer_says_how_far_from_optimal_the_schedule_can_be():
+    from zbkit.schedules.exact import bound_for
+
+    e = ScheduleExplorer("zb-h1", pp=4, microbatches=8)  # F = I = W: at the bound
+    assert _number(e.numbers.value, "how far from optimal").startswith("optimal")
+    e.controls["schedule"].value = "1f1b"
+    sim = e.simulation
+    bound = bound_for(sim.schedule, e.costs())
+    shown = _number(e.numbers.value, "how far from optimal").replace("&lt;", "<")
+    gap = (max(sim.span) - bound) / max(sim.span)
+    assert shown == f"<= {gap:.1%} above optimal (lower bound {bound:.6g})"

@@ -22,6 +22,7 @@ from zbkit.schedules import SCHEDULES, Costs, simulate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.catalog import RECORDS, searchers
 from zbkit.schedules.costs import MEMORY_UNIT
+from zbkit.schedules.exact import bound_for, gap_line
 from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.schedules.throughput import throughput
 from zbkit.viz import plot_schedule
@@ -193,6 +194,10 @@ class ScheduleExplorer(Offline, w.VBox):
         if kept is not None:  # a search: which of its candidates won, and why it is there
             rows.append([f"{name} kept", f"{kept.name} ({kept.reason})"])
         rows += _limit_rows(name, limit, searched)
+        # how far from the best any schedule of this placement could do in this memory
+        rows.append(
+            ["how far from optimal", gap_line(max(sim.span), bound_for(sim.schedule, costs))]
+        )
         # the closed forms describe the fixed constructions, not what a search found
         cf = None if searched else bubble(name, pp, m, v, costs)
         if cf is not None:
