@@ -86,14 +86,18 @@ def test_the_issues_cases_are_proven_and_beat_zb_auto(costs, expected) -> None:
     assert lower_bound(pp=4, microbatches=8, costs=costs, memory_limit=4) <= found.value
 
 
-GRID = {  # proven within seconds here; the V's formulation is weaker (issue 24 left: p=3)
+GRID = {  # proven within seconds here (warm-started from zb-auto, the instant bound as a cut)
     "linear": [
         (2, 4, Costs(1, 1, 1), None),
         (3, 3, Costs(1, 1.5, 0.5, comm=0.2), None),
         (2, 3, Costs(1, 2, 1, mem_weight=0.4), 1.5),
         (4, 4, Costs(1, 1, 0.5, comm=0.1), 3.0),
     ],
-    "v": [(2, 2, Costs(1, 1, 1), None), (2, 2, Costs(1, 2, 1, comm=0.2), 1.5)],
+    "v": [
+        (2, 4, Costs(1, 1, 1), None),
+        (2, 2, Costs(1, 2, 1, comm=0.2), 1.5),
+        (3, 3, Costs(1, 1, 1), None),
+    ],
 }
 
 

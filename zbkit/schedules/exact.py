@@ -216,6 +216,12 @@ def solve(
     before = _order(h, model, t, horizon)
     _memory(h, model, before, float(memory_limit))
     goal = _objective(h, model, t, where, objective, horizon)
+    # a valid cut: no schedule's longest span (nor so its makespan) is below the instant
+    # bound, which the relaxation alone does not see (the V's equal-cost optimum is one)
+    from zbkit.schedules import _bounds
+
+    h.addConstr(goal >= _bounds.lower_bound(where, microbatches, per, memory_limit, placement))
+    _warm_start(h, highspy, model, t, before, goal, pp, microbatches, per, memory_limit, placement)
     started = time.perf_counter()
     h.minimize(goal)
     seconds = time.perf_counter() - started
@@ -283,6 +289,33 @@ def _objective(h, model: _Model, t, where: list[int], objective: str, horizon: f
             first = model.index[where.index(r), "F", 0]
             h.addConstr(goal - end + t[first] >= 0)
     return goal
+
+
+def _warm_start(h, highspy, model, t, before, goal, pp, m, per, limit, placement) -> None:
+    """Start the branch and bound from zb-auto's schedule (its simulated times and order):
+    the solver then only has to prove it, or find better. Skipped where zb-auto has none."""
+    from zbkit.schedules.builders import build_schedule
+
+    try:
+        auto = build_schedule(
+            "zb-auto", pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement
+        )
+    except ValueError:
+        return
+    sim = simulate(auto, per, check=False)
+    start = {(e.stage, e.kind, e.microbatch): e.start for e in sim.events}
+    if set(start) != set(model.actions):  # B or pairs: not this formulation's actions
+        return
+    values = [0.0] * h.getNumCol()
+    for a, var in enumerate(t):
+        values[var.index] = start[model.actions[a]]
+    for (a, b), y in before.items():
+        if not isinstance(y, int) and hasattr(y, "index") and a < b:
+            values[y.index] = 1.0 if start[model.actions[a]] < start[model.actions[b]] else 0.0
+    values[goal.index] = max(sim.span)  # the objective variable: an upper bound is enough
+    solution = highspy.HighsSolution()
+    solution.col_value = values
+    h.setSolution(solution)
 
 
 def _schedule(model: _Model, times: list[float], m: int) -> Schedule:
