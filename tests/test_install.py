@@ -121,8 +121,9 @@ def test_binder_installs_zbkit_with_the_notebook_extra() -> None:
     lines = post.read_text().splitlines()
     assert lines[0].startswith("#!") and "set -e" in lines, "postBuild: a shebang and set -e"
     installs = postbuild_installs()
-    assert any("-e" in args and ".[notebook]" in args for args in installs), (
-        f"postBuild installs {installs}; expected `pip install -e '.[notebook]'`"
+    assert any("-e" in args and ".[notebook,exact]" in args for args in installs), (
+        f"postBuild installs {installs}; expected `pip install -e '.[notebook,exact]'` "
+        "(notebook 04 solves a small schedule exactly)"
     )
     assert "notebook" in PROJECT["optional-dependencies"]
 

@@ -107,6 +107,22 @@ def _default_limit(pp: int, where: list[int], per: list[Costs]) -> float:
     )
 
 
+def _quiet(make):
+    """`make()` with the process's stdout (file descriptor 1, where C writes) silenced."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            return make()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _highs():
     try:
         import highspy
@@ -195,7 +211,7 @@ def solve(
     model = _Model(where, microbatches, per)
     if memory_limit is None:
         memory_limit = _default_limit(pp, where, per)
-    h = highspy.Highs()
+    h = _quiet(highspy.Highs)  # HiGHS prints a banner from C on its first instance
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     # a horizon no in-order schedule's simulated times exceed: everything in series,
