@@ -34,7 +34,7 @@ from zbkit.schedules import _engine
 from zbkit.schedules._bounds import lower_bound
 from zbkit.schedules._candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
 from zbkit.schedules._timeline import TOL, Slower, beyond, keyed_costs, running_peak
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.costs import Costs, one_f_one_b_peak
 from zbkit.schedules.costs import per_stage as costs_per_stage
 from zbkit.schedules.schedule import Schedule, ScheduleError
 from zbkit.schedules.validate import check_actions
@@ -102,12 +102,8 @@ def search(
         raise ValueError(f"{name}: placement must be one of {PLACEMENTS}, got {placement!r}")
     where = Problem(pp, m, [], 0.0, placement).stage_to_rank
     per_stage = costs_per_stage(costs, where, name)  # one Costs: a rank's share, split
-    if memory_limit is None:
-        # 1F1B's rank 0 holds p microbatches of its whole model part (p rank shares)
-        held = [0.0] * pp
-        for s, r in enumerate(where):
-            held[r] += per_stage[s].mem_activation
-        memory_limit = pp * max(held)
+    if memory_limit is None:  # 1F1B's rank 0: p microbatches of its whole model part
+        memory_limit = one_f_one_b_peak(where, per_stage)
     if not isinstance(memory_limit, int | float) or memory_limit <= 0:
         raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
     key = (pp, m, name, tuple(per_stage), float(memory_limit), placement)

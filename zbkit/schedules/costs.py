@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from zbkit.schedules.action import KINDS
 
-__all__ = ["MEMORY_UNIT", "Costs", "per_stage", "stage_costs"]
+__all__ = ["MEMORY_UNIT", "Costs", "one_f_one_b_peak", "per_stage", "stage_costs"]
 
 # the unit of every simulated memory number (peaks, limits, axes), whatever the schedule:
 # one microbatch's activations on one rank's share of the model (x Costs.mem_activation)
@@ -109,6 +109,15 @@ def per_stage(
             f"got {len(costs)} items"
         )
     return costs
+
+
+def one_f_one_b_peak(stage_to_rank: Sequence[int], costs: Sequence[Costs]) -> float:
+    """What 1F1B's rank 0 holds: p microbatches of the largest rank share of activations
+    (zb-auto's and `solve`'s default memory limit); `costs` one per stage."""
+    held = [0.0] * (max(stage_to_rank) + 1)
+    for s, r in enumerate(stage_to_rank):
+        held[r] += costs[s].mem_activation
+    return len(held) * max(held)
 
 
 def stage_costs(

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbkit.schedules.action import Action
-from zbkit.schedules.costs import Costs, per_stage
+from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
 from zbkit.schedules.simulate import simulate
@@ -70,7 +70,7 @@ def lower_bound(
 
     where = stage_to_rank(placement, pp)
     per = per_stage(costs, where, "lower_bound")
-    limit = _default_limit(pp, where, per) if memory_limit is None else float(memory_limit)
+    limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
     return _bounds.lower_bound(where, microbatches, per, limit, placement)
 
 
@@ -98,13 +98,6 @@ def gap_line(span: float, bound: float | None) -> str:
     if span <= bound * (1 + 1e-9) + 1e-12:
         return f"optimal (it reaches the lower bound {bound:.6g})"
     return f"<= {(span - bound) / span:.1%} above optimal (lower bound {bound:.6g})"
-
-
-def _default_limit(pp: int, where: list[int], per: list[Costs]) -> float:
-    """1F1B's rank 0: p microbatches of a rank's share (zb-auto's default too)."""
-    return pp * max(
-        sum(per[s].mem_activation for s in range(len(where)) if where[s] == r) for r in range(pp)
-    )
 
 
 def _quiet(make):
@@ -156,24 +149,31 @@ class _Model:
                 self._edge((s, "I", j), a, s, s)
             if j > 0:  # in order on the stage
                 self._edge((s, k, j - 1), a, s, s)
+        self.succ: list[list[int]] = [[] for _ in self.actions]
+        for a, b, _ in self.edges:
+            self.succ[a].append(b)
+        self.succ = [sorted(bs) for bs in self.succ]
+        self.topo = self._topo(self.succ)  # one order respecting every dependency
         self.after = self._closure()
 
+    def hop(self, src: int, dst: int) -> float:
+        """What a tensor from stage `src` to stage `dst` adds to the wait (the waiting
+        stage's comm, as the simulator charges it; nothing on one rank)."""
+        return self.costs[dst].comm if self.where[src] != self.where[dst] else 0.0
+
     def _edge(self, before: tuple, after: int, src: int, dst: int) -> None:
-        hop = self.costs[dst].comm if self.where[src] != self.where[dst] else 0.0
-        self.edges.append((self.index[before], after, hop))
+        self.edges.append((self.index[before], after, self.hop(src, dst)))
 
     def _closure(self) -> list[set[int]]:
         """after[a]: every action that must come after a (dependencies, transitively)."""
-        succ: list[list[int]] = [[] for _ in self.actions]
-        for a, b, _ in self.edges:
-            succ[a].append(b)
         out: list[set[int]] = [set() for _ in self.actions]
-        for a in reversed(self._topo(succ)):
-            for b in succ[a]:
+        for a in reversed(self.topo):
+            for b in self.succ[a]:
                 out[a] |= {b} | out[b]
         return out
 
-    def _topo(self, succ: list[list[int]]) -> list[int]:
+    @staticmethod
+    def _topo(succ: list[list[int]]) -> list[int]:
         indeg = [0] * len(succ)
         for bs in succ:
             for b in bs:
@@ -210,7 +210,7 @@ def solve(
     per = per_stage(costs, where, "solve")
     model = _Model(where, microbatches, per)
     if memory_limit is None:
-        memory_limit = _default_limit(pp, where, per)
+        memory_limit = one_f_one_b_peak(where, per)
     h = _quiet(highspy.Highs)  # HiGHS prints a banner from C on its first instance
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
@@ -220,15 +220,12 @@ def solve(
     t = [h.addVariable(lb=0.0, ub=horizon - d) for d in model.dur]
     for a, b, hop in model.edges:
         h.addConstr(t[b] - t[a] >= model.dur[a] + hop)
-    for s in range(pp):  # each rank's first forward where the simulator starts it
-        first = model.index[s, "F", 0]
-        start = 0.0 if s == 0 else None
-        if start is not None:
-            h.addConstr(t[first] == 0.0)
-        else:
-            prev = model.index[s - 1, "F", 0]
-            hop = per[s].comm if where[s - 1] != where[s] else 0.0
-            h.addConstr(t[first] - t[prev] == model.dur[prev] + hop)
+    # each rank's first forward where the simulator starts it: rank 0's at 0, the others'
+    # as soon as the stage before has sent microbatch 0
+    h.addConstr(t[model.index[0, "F", 0]] == 0.0)
+    for s in range(1, pp):
+        first, prev = model.index[s, "F", 0], model.index[s - 1, "F", 0]
+        h.addConstr(t[first] - t[prev] == model.dur[prev] + model.hop(s - 1, s))
     before = _order(h, model, t, horizon)
     _memory(h, model, before, float(memory_limit))
     goal = _objective(h, model, t, where, objective, horizon)
@@ -336,16 +333,9 @@ def _warm_start(h, highspy, model, t, before, goal, pp, m, per, limit, placement
 
 def _schedule(model: _Model, times: list[float], m: int) -> Schedule:
     """Each rank's actions in the order the solver timed them (ties: dependencies first)."""
-    topo = {a: i for i, a in enumerate(model._topo([sorted(s) for s in _succ(model)]))}
+    topo = {a: i for i, a in enumerate(model.topo)}
     program: dict[int, list[Action]] = {}
     for a in sorted(range(len(model.actions)), key=lambda a: (times[a], topo[a])):
         s, k, j = model.actions[a]
         program.setdefault(model.rank[a], []).append(Action(s, k, j))
     return Schedule(program, list(model.where), m, "zb-opt")
-
-
-def _succ(model: _Model) -> list[list[int]]:
-    succ: list[list[int]] = [[] for _ in model.actions]
-    for a, b, _ in model.edges:
-        succ[a].append(b)
-    return succ
