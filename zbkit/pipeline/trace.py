@@ -86,6 +86,44 @@ class Trace:
         out.memory_samples = [s._replace(time=s.time - t0) for s in out.memory_samples]
         return out
 
+    @classmethod
+    def from_profiler(
+        cls,
+        paths: str | PathLike | Iterable[str | PathLike],
+        schedule: Any = None,
+        *,
+        ranks: list[int] | None = None,
+        step: int = -1,
+    ) -> Trace:
+        """The trace of a run from its torch.profiler Chrome traces, one file per rank.
+
+        Reads torch.distributed.pipelining runs (the runtime schedules' ``PP:0F3`` ranges,
+        ScheduleGPipe's ``Forward i``, Schedule1F1B's stage calls with ``with_stack=True``)
+        and zbkit runs: every compute action once per rank, in the order it ran, on one clock
+        from 0 (seconds), with the GPU span of its kernels where the trace has CUDA activity;
+        torch's transfers in ``comm``. Details in ``zbkit.pipeline._profiler``.
+
+        Args:
+            paths: a folder of ``.json`` / ``.json.gz`` traces, one file, or a list of files.
+            schedule: for ``Forward i`` and stage-call traces, the single-stage schedule (a
+                zbkit ``Schedule`` or a torch schedule object) placing each rank's stage;
+                without it stage r is on rank r.
+            ranks: the pipeline rank of each file, in order (default: the trace's
+                ``distributedInfo.rank``, else the file's position).
+            step: which ``ProfilerStep`` to read when the trace marks several (default: last).
+
+        Example::
+
+            with torch.profiler.profile() as prof:       # on each rank
+                schedule.step(x, target=y)
+            prof.export_chrome_trace(f"traces/trace_rank{rank}.json")
+            trace = Trace.from_profiler("traces")        # anywhere, later
+            viz.plot_schedule(trace)
+        """
+        from zbkit.pipeline._profiler import read_profiles  # it imports this module
+
+        return read_profiles(paths, schedule, ranks=ranks, step=step)
+
     @property
     def num_ranks(self) -> int:
         return max((e.rank for e in self.events), default=-1) + 1
