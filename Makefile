@@ -1,38 +1,49 @@
-# Everything bootstraps from nothing: `make test` on a fresh clone creates .venv,
-# installs the CPU torch wheel first (a bare `torch` would pull a multi-GB CUDA build),
-# then zbkit with its dev extras, then Graphviz's `dot`.
+# Everything bootstraps from nothing: `make test` on a fresh clone creates .venv, installs torch
+# first (from PyTorch's CPU wheel index when it answers, else pip's default index: a bare `torch`
+# from PyPI is a multi-GB CUDA build; tools/install_torch.py says which it used), then zbkit with
+# its dev extras, then Graphviz's `dot`; `make test` also needs Chromium for the browser test.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zbkit-installed
 TORCH ?= torch==2.13.0
 
-.PHONY: setup system-deps test test-notebooks test-fast lint format demo lab clean
+.PHONY: setup system-deps browser-deps test test-notebooks test-fast lint format demo lab dist clean
 
 setup: $(STAMP) system-deps
 
+# Minutes on a fresh clone: pip prints what it downloads and installs (no -q).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev]'
+	@echo "== setup 1/2: $(TORCH) into $(VENV)"
+	$(PY) tools/install_torch.py '$(TORCH)'
+	@echo "== setup 2/2: zbkit and its [dev] extras (notebook stack, HiGHS, test and lint tools)"
+	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-# Graphviz's `dot` renders the graph drawings; Chromium drives the widget browser test.
+# $(call need_command,COMMAND,PACKAGE,HINT): apt-get installs PACKAGE when COMMAND is missing
+# (as root), else one line says what to install.
+define need_command
+@if ! command -v $(1) >/dev/null 2>&1; then \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+    echo "installing $(2) with apt-get"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
+  else \
+    echo "missing \`$(1)\`: install $(2) ($(3))"; exit 1; \
+  fi; \
+fi
+endef
+
+# Graphviz's `dot` renders the graph drawings: all that setup, demo and lab need.
 system-deps:
-	@missing=""; \
-	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing$$missing with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "missing system packages:$$missing. Install them (apt-get install$$missing; brew install graphviz chromium; conda install graphviz)"; exit 1; \
-	  fi; \
-	fi
+	$(call need_command,dot,graphviz,apt-get install graphviz; brew install graphviz; conda install graphviz)
+
+# Chromium drives the widget browser test (tests/viz/test_browser_widgets.py): only `make test`.
+browser-deps:
+	$(call need_command,chromium,chromium,apt-get install chromium: the test runs /usr/bin/chromium)
 
 NBVAL := -p no:cacheprovider --nbval --nbval-sanitize-with notebooks/sanitize.cfg
 
-test: setup
+test: setup browser-deps
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q $(NBVAL) notebooks
 
@@ -60,5 +71,14 @@ LAB_FLAGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_FLAGS)
 
+# An sdist and a wheel in dist/, built in an isolated environment as a release would be, then
+# their metadata checked (twine: well-formed fields, a README that renders on an index).
+DIST ?= dist
+
+dist: setup
+	rm -rf $(DIST)
+	$(PY) -m build --outdir $(DIST) .
+	$(VENV)/bin/twine check --strict $(DIST)/*
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build dist *.egg-info

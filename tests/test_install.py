@@ -32,6 +32,14 @@ PROJECT = PYPROJECT["project"]
 NOTEBOOK_MODULES = ["IPython", "ipykernel", "ipywidgets", "jedi", "jupyterlab", "matplotlib"]
 
 
+def cpu_index() -> str:
+    """The CPU wheel index tools/install_torch.py tries first (what `make setup` runs)."""
+    script = (ROOT / "tools" / "install_torch.py").read_text()
+    match = re.search(r'^CPU_INDEX = "(.+)"$', script, re.M)
+    assert match, "tools/install_torch.py: no CPU_INDEX"
+    return match.group(1)
+
+
 def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code, *args],
@@ -101,8 +109,8 @@ def test_binder_python_satisfies_requires_python() -> None:
 
 def test_binder_torch_is_the_pinned_cpu_wheel() -> None:
     options, reqs = binder_requirements()
-    # the default PyPI wheel for Linux is a multi-GB CUDA build
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in options
+    # the default PyPI wheel for Linux is a multi-GB CUDA build; the index `make` tries first
+    assert f"--extra-index-url {cpu_index()}" in options, options
     (torch,) = [r for r in reqs if r.name == "torch"]
     pinned = Requirement(makefile_var("TORCH"))  # what `make` installs and the tests run on
     assert str(torch.specifier) == str(pinned.specifier), (
@@ -254,7 +262,8 @@ print("core ok")
 
 def test_core_dependencies_leave_out_the_notebook_stack() -> None:
     core = {Requirement(d).name.lower() for d in PROJECT["dependencies"]}
-    assert core == {"torch", "cloudpickle", "graphviz"}, core
+    # numpy: torch imports it, and warns "Failed to initialize NumPy" on every import without it
+    assert core == {"torch", "numpy", "cloudpickle", "graphviz"}, core
     extras = PROJECT["optional-dependencies"]
     notebook = {Requirement(d).name.lower() for d in extras["notebook"]}
     assert {"matplotlib", "ipython", "ipywidgets", "ipykernel"} <= notebook, notebook
