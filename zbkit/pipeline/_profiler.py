@@ -20,7 +20,9 @@ What names an action in a trace, looked for in this order on each rank:
                                       k-th forward (backward) of a step is microbatch k
 
 For the last two the stage comes from `schedule` (the rank's one stage), or is the rank
-(torch's single-stage schedules put stage r on rank r). An overlapped pair's two halves
+(torch's single-stage schedules put stage r on rank r). A rank is its file's (torch writes
+it in ``distributedInfo``), or with `schedule` the rank it places the stage on: one file of
+a single-process run (`LocalPipeline`) holds every rank's actions. An overlapped pair's two halves
 run one after the other inside its range: they are split where the backward's first
 autograd function starts (the middle of the range when the trace has no CPU ops).
 
@@ -94,6 +96,8 @@ def read_profiles(
     """`Trace.from_profiler`: every rank's compute actions (and torch's transfers) from its
     Chrome trace, merged onto one clock from 0 (see the module doc)."""
     files = _files(paths)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        schedule = Schedule.from_torch(schedule)  # a torch schedule object
     if ranks is not None and len(ranks) != len(files):
         raise ValueError(f"ranks={ranks} names {len(ranks)} ranks for {len(files)} trace files")
     seen: dict[int, Path] = {}
@@ -165,16 +169,19 @@ def _rank_of(doc: dict[str, Any], index: int, ranks: list[int] | None) -> int:
 
 
 # ---------------------------------------------------------------------------- one rank
-def _rank_trace(events: list[dict], rank: int, schedule: Any, step: int, path: Path) -> Trace:
+def _rank_trace(
+    events: list[dict], rank: int, schedule: Schedule | None, step: int, path: Path
+) -> Trace:
     ranges = _in_step([e for e in events if e.get("ph") == "X" and "dur" in e], step, path)
     spans = _spans(ranges, rank, schedule)
     if not spans:
         raise ValueError(f"{path} (rank {rank}): {_nothing_found(ranges)}; {_HOW}")
     _check_once(spans, rank, path)
     spans = _device_times(spans, events, _pid(ranges, spans))
+    place = _placement(schedule, spans, rank, path)
     out = Trace()
     out.events = [
-        Event(rank, s.stage, s.kind, s.microbatch, s.start * US, s.end * US, s.paired)
+        Event(place[s.stage], s.stage, s.kind, s.microbatch, s.start * US, s.end * US, s.paired)
         for s in sorted(spans, key=lambda s: s.start)
     ]
     out.comm = [
@@ -198,7 +205,7 @@ def _in_step(ranges: list[dict], step: int, path: Path) -> list[dict]:
     return [e for e in ranges if lo <= e["ts"] <= hi]
 
 
-def _spans(ranges: list[dict], rank: int, schedule: Any) -> list[Span]:
+def _spans(ranges: list[dict], rank: int, schedule: Schedule | None) -> list[Span]:
     """The rank's compute actions, from the first kind of name the trace has (module doc)."""
     named = [(e, str(e.get("name", ""))) for e in sorted(ranges, key=lambda e: e["ts"])]
     out: list[Span] = []
@@ -256,13 +263,24 @@ def _parse(text: str) -> tuple[int, str, int]:
     return int(m[1]), m[2], int(m[3])
 
 
-def _stage_of(schedule: Any, rank: int) -> int:
-    """The one stage on `rank` of a single-stage schedule (a zbkit `Schedule` or a torch
-    schedule object); the rank itself without one."""
+def _placement(schedule: Schedule | None, spans: list[Span], rank: int, path: Path) -> list[int]:
+    """stage -> rank: the file's rank, or the schedule's placement when one is given (a
+    single-process run, e.g. `LocalPipeline`, holds the actions of every rank in one file)."""
+    most = max(s.stage for s in spans)
+    if schedule is None:
+        return [rank] * (most + 1)
+    if most >= schedule.num_stages:
+        raise ValueError(
+            f"{path}: the trace runs stage {most}, but {schedule.name!r} has "
+            f"{schedule.num_stages} stages"
+        )
+    return list(schedule.stage_to_rank)
+
+
+def _stage_of(schedule: Schedule | None, rank: int) -> int:
+    """The one stage on `rank` of a single-stage schedule; the rank itself without one."""
     if schedule is None:
         return rank
-    if not isinstance(schedule, Schedule):
-        schedule = Schedule.from_torch(schedule)
     stages = schedule.stages_on(rank)
     if len(stages) != 1:
         raise ValueError(
@@ -292,7 +310,9 @@ def _nothing_found(ranges: list[dict]) -> str:
     for e in ranges:
         cats[str(e.get("cat"))] = cats.get(str(e.get("cat")), 0) + 1
     names = sorted({str(e.get("name")) for e in ranges if e.get("cat") == "user_annotation"})
-    found = ", ".join(f"{n} {c}" for c, n in sorted(cats.items())) or "no ranges"
+    found = (
+        ", ".join(f"{n} {c}" for c, n in sorted(cats.items())) + " ranges" if cats else "no ranges"
+    )
     marks = f" (annotations: {', '.join(names[:5])})" if names else ""
     return (
         "no pipeline actions: no PP:<action> ranges (torch's runtime schedules), zbkit action "

@@ -105,9 +105,10 @@ class Trace:
 
         Args:
             paths: a folder of ``.json`` / ``.json.gz`` traces, one file, or a list of files.
-            schedule: for ``Forward i`` and stage-call traces, the single-stage schedule (a
-                zbkit ``Schedule`` or a torch schedule object) placing each rank's stage;
-                without it stage r is on rank r.
+            schedule: the run's schedule (a zbkit ``Schedule`` or a torch schedule object),
+                placing the stages on ranks: needed for a one-process run's single file
+                (``LocalPipeline``), and for ``Forward i`` / stage-call traces of a
+                single-stage schedule that does not put stage r on rank r.
             ranks: the pipeline rank of each file, in order (default: the trace's
                 ``distributedInfo.rank``, else the file's position).
             step: which ``ProfilerStep`` to read when the trace marks several (default: last).
