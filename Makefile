@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zbkit-installed
 TORCH ?= torch==2.13.0
 
-.PHONY: setup system-deps browser-deps test test-notebooks test-fast lint format demo lab dist clean
+.PHONY: setup system-deps browser-deps test test-notebooks test-fast lint format demo lab dist docs clean
 
 setup: $(STAMP) system-deps
 
@@ -79,6 +79,15 @@ dist: setup
 	rm -rf $(DIST)
 	$(PY) -m build --outdir $(DIST) .
 	$(VENV)/bin/twine check --strict $(DIST)/*
+
+# The docs site in docs/_build/html (Sphinx and MyST-NB; docs/conf.py says why): the API from
+# the docstrings, the tutorials with their stored outputs (never re-executed). Warnings are
+# errors (-W; --keep-going reports them all) and every internal reference is checked (-n).
+# tests/docs/test_docs_site.py runs this recipe's command, with these options, into a tmp dir.
+SPHINXOPTS := -b html -W --keep-going -n -q
+
+docs: setup
+	$(PY) -m sphinx $(SPHINXOPTS) docs docs/_build/html
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info

@@ -28,6 +28,8 @@ __all__ = ["Comm", "CommOp", "Plan", "PlanStep", "derive_plan"]
 
 
 class CommOp(StrEnum):
+    """A transfer's direction, seen from the rank whose plan holds it (prints as "send")."""
+
     SEND = "send"
     RECV = "recv"
 

@@ -33,6 +33,8 @@ __all__ = ["TorchOp", "TorchOpKind", "check_torch_ops", "derive_torch_ops", "par
 
 
 class TorchOpKind(StrEnum):
+    """The non-compute actions of torch's lowered programs, spelled as torch's CSV files do."""
+
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"

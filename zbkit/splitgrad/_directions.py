@@ -35,6 +35,8 @@ from contextvars import ContextVar
 
 
 class GradDirection(enum.Enum):
+    """The half of a backward a pass wants: ``needs_direction(GradDirection.INPUT)``."""
+
     INPUT = "input"  # gradients towards the stage inputs (activations)
     WEIGHT = "weight"  # gradients towards parameters
 

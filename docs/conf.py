@@ -1,0 +1,96 @@
+"""Sphinx configuration of zbkit's documentation site: ``make docs`` writes docs/_build/html.
+
+Why these tools:
+
+- **Sphinx**, for the API reference: autodoc reads the docstrings zbkit already has (one page
+  per public module, each listing the names in its ``__all__``), and ``-n`` checks every
+  reference between pages.
+- **MyST-NB**, for the tutorials: it renders ``notebooks/*.ipynb`` with the outputs, pictures
+  and ipywidgets state stored in them. ``nb_execution_mode = "off"``: a notebook is never
+  re-executed here (they start processes and take minutes; CI already runs them with nbval
+  against the very outputs shown). MyST also lets the pages be Markdown, as the README and
+  docs/architecture.md are.
+- Not **Jupyter Book**: it is a layer over these same two (Sphinx and MyST-NB) with its own
+  configuration file; zbkit needs nothing from it. Not MkDocs: its notebook and API plugins
+  would replace autodoc and MyST-NB with less exact ones.
+
+The tutorials are ``docs/tutorials``, a link to ``../notebooks``: Sphinx reads only files under
+its source folder, and the notebooks stay where learners open them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+from sphinx.ext.napoleon import Config
+from sphinx.ext.napoleon.docstring import GoogleDocstring
+from sphinx.util.inspect import stringify_signature
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's zbkit, whether or not it is installed
+
+import zbkit  # noqa: E402
+
+project = "zbkit"
+author = "the zbkit authors"
+copyright = "the zbkit authors, Apache-2.0"
+release = version = zbkit.__version__
+
+extensions = ["myst_nb", "sphinx.ext.autodoc"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
+root_doc = "index"
+
+# the tutorials, as stored: never executed here (see the module docstring)
+nb_execution_mode = "off"
+myst_heading_anchors = 3  # `[text](#a-heading)` links, as on GitHub
+
+# `name` in a docstring (Markdown's code span, which zbkit's docstrings use) shows as code
+default_role = "literal"
+autodoc_member_order = "bysource"
+autodoc_typehints_format = "short"
+# a torch module's `forward` without a docstring of its own is not documented with torch's
+autodoc_inherit_docstrings = False
+
+# -n checks every reference. The standard library and the libraries zbkit builds on have no
+# pages here (intersphinx would fetch their inventories over the network, and the build must
+# work offline), so references into them are not checked; references to zbkit's names are.
+_OUTSIDE = "collections|datetime|os|pathlib|torch|matplotlib|ipywidgets|IPython|graphviz|numpy"
+nitpick_ignore_regex = [(r"py:.*", rf"({_OUTSIDE})(\..*)?")]
+# zb-auto's candidate record (a name, a reason, a builder): `explain_auto` prints its name and
+# reason; the builder's types are the search's internals, documented in the source only
+nitpick_ignore = [("py:class", "zbkit.schedules._candidates.Candidate")]
+
+html_theme = "furo"
+html_title = f"zbkit {release}"
+
+_GOOGLE = Config(napoleon_numpy_docstring=False)
+
+
+def google_sections(app, what, name, obj, options, lines):
+    """A function's or a class's `Args:` section as a field list (napoleon's Google style).
+
+    Only there: napoleon reads a property's first line as "type: text", and zbkit's say
+    "Per rank: what ..." (a sentence, not a type).
+    """
+    if what in ("function", "method", "class", "exception"):
+        lines[:] = GoogleDocstring(lines, _GOOGLE, app, what, name, obj, options).lines()
+
+
+def own_signature(app, what, name, obj, options, signature, return_annotation):
+    """A class's signature as Python's `inspect.signature` gives it: its own ``__init__``.
+
+    autodoc prefers any ``__new__`` in the class's bases, so a widget (an ipywidgets
+    ``VBox``) or an IPython ``Magics`` would show traitlets' ``(*args, **kwargs)``.
+    """
+    if what == "class" and signature is not None and "*args: t.Any" in signature:
+        return stringify_signature(inspect.signature(obj)), return_annotation
+    if signature is not None and "<factory>" in signature:  # a dataclass field's default
+        return signature.replace("<factory>", "..."), return_annotation
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", google_sections)
+    app.connect("autodoc-process-signature", own_signature)
