@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from zbkit.schedules import _engine
-from zbkit.schedules._bounds import lower_bound
+from zbkit.schedules._bounds import gap_line, lower_bound
 from zbkit.schedules._candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
 from zbkit.schedules._timeline import TOL, Slower, beyond, keyed_costs, running_peak
 from zbkit.schedules.costs import Costs, one_f_one_b_peak
@@ -59,6 +59,12 @@ class AutoSearch:
     tried: list[Tried]  # every candidate of the placement, in CANDIDATES order
     memory_limit: float
     placement: str
+    lower_bound: float = 0.0  # certified: no schedule under the limit is faster (`_bounds`)
+
+    @property
+    def span(self) -> float:
+        """The chosen schedule's longest rank span."""
+        return next(t.span for t in self.tried if t.candidate is self.chosen) or 0.0
 
     def __repr__(self) -> str:  # the table: what a notebook shows for `explain_auto(...)`
         lines = [f"zb-auto ({self.placement}), memory_limit={self.memory_limit:g}:"]
@@ -71,6 +77,7 @@ class AutoSearch:
                 f"{mark} {t.candidate.name:<{width}}  span {span:>9}  peak {peak:>6}  {t.note}"
             )
         lines.append(f"kept {self.chosen.name}: {self.chosen.reason}")
+        lines.append(f"how far from optimal: {gap_line(self.span, self.lower_bound)}")
         return "\n".join(lines)
 
 
@@ -134,12 +141,18 @@ def _search(problem: Problem, name: str) -> AutoSearch:
         if proof:
             rows[i] = Tried(candidate, None, None, f"not run: {proof}")
             continue
-        problem.beat = min(scored)[0] if scored else math.inf
+        problem.beat, _, _, problem.best = min(scored) if scored else (math.inf, 0, 0, None)
         try:
             program = candidate.build(problem)
             schedule = Schedule(program, where, m, name)
-        except ValueError as err:  # it cannot meet this limit: say why in the table
-            rows[i] = Tried(candidate, None, None, f"cannot build: {err}")
+        except ValueError as err:  # it cannot meet this limit, or is left out: say why
+            why = str(err)
+            rows[i] = Tried(
+                candidate,
+                None,
+                None,
+                why if why.startswith("not run: ") else f"cannot build: {why}",
+            )
             continue
         except Slower as err:
             best = candidates[min(scored)[2]].name
@@ -160,12 +173,14 @@ def _search(problem: Problem, name: str) -> AutoSearch:
         span = max(t[-1][1] - t[0][0] for t in times.values() if t)
         rows[i] = Tried(candidate, span, peak, "fits")
         scored.append((span, peak, i, schedule))
+        if problem.proven > bound:  # the solver proved more than the instant bound
+            bound, reached = problem.proven, beyond(problem.proven)
         if span <= reached and _valid(schedule):
             proof = f"{candidate.name} reaches the lower bound {bound:.6g}"
     tried = [rows[i] for i in range(len(candidates))]
     for _, _, i, schedule in sorted(scored, key=lambda x: x[:3]):
         if proof or _valid(schedule):  # a proven one was validated already
-            return AutoSearch(schedule, candidates[i], tried, limit, problem.placement)
+            return AutoSearch(schedule, candidates[i], tried, limit, problem.placement, bound)
         tried[i] = Tried(candidates[i], None, tried[i].peak, "invalid")
     why = "\n".join(f"  {t.candidate.name}: {t.note}" for t in tried)
     raise ValueError(f"{name}: no candidate fits memory_limit={limit:g}:\n{why}")

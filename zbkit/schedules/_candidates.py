@@ -37,6 +37,8 @@ class Problem:
     placement: str  # "linear" or "v"
     memo: dict = field(default_factory=dict)  # work shared between candidates (one search)
     beat: float = math.inf  # the best span so far: a builder may give up (`Slower`) above it
+    best: Schedule | None = None  # the schedule of that span (the solver starts from it)
+    proven: float = 0.0  # a lower bound a builder proved (the solver's), else 0
 
     @property
     def stage_to_rank(self) -> list[int]:
@@ -89,6 +91,38 @@ def _v_heuristic(problem: Problem) -> Program:
             "at this size the greedies have matched or beaten it)"
         )
     return best_v_heuristic(problem.costs, problem.m, problem.limit, give_up=problem.beat)
+
+
+# zb-auto proves small settings itself where HiGHS is installed: a solve of at most this
+# many actions (F, I and W per stage and microbatch), capped in branch-and-bound nodes (a cap
+# gives the same schedule on a busy machine, unlike a time limit, which only guards). Measured
+# (benchmarks/exact.py): linear settings of 48 actions prove in under 0.4 s; the V's are
+# harder (p=2, m=3: 36 actions, up to 6 s), so it proves only p=2, m=2 there.
+EXACT_MAX_ACTIONS = {"linear": 48, "v": 24}
+EXACT_MAX_NODES = 5_000
+EXACT_SECONDS = 20.0
+
+
+def _exact(problem: Problem) -> Program:
+    """The exact optimum (`exact.prove`), started from the best candidate so far."""
+    actions, most = 3 * len(problem.stage_to_rank) * problem.m, EXACT_MAX_ACTIONS[problem.placement]
+    if actions > most:
+        raise ValueError(
+            f"not run: {actions} actions > {most} (too slow to prove on every build; "
+            "zbkit.schedules.solve proves larger settings)"
+        )
+    from zbkit.schedules.exact import prove
+
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        raise ValueError("not run: needs HiGHS (pip install 'zbkit[exact]')") from None
+    found = prove(
+        problem.stage_to_rank, problem.m, problem.costs, problem.limit, problem.placement,
+        warm=problem.best, time_limit=EXACT_SECONDS, max_nodes=EXACT_MAX_NODES,
+    )  # fmt: skip
+    problem.proven = found.lower_bound
+    return {r: list(found.schedule.actions(r)) for r in found.schedule.program}
 
 
 def _greedy(fill: float, hold: float) -> Callable[[Problem], Program]:
@@ -162,6 +196,11 @@ _LINEAR = [
         _fixed(fixed.zb_h2),
         handwritten=True,
     ),
+    Candidate(
+        "exact (HiGHS)",
+        "the proven optimum of small settings (<= 48 actions) where highspy is installed",
+        _exact,
+    ),
 ]
 _V = [
     Candidate(
@@ -207,6 +246,11 @@ _V = [
         "reference V heuristic",
         "the paper's repo's zbv.py: so zb-auto is never slower than it (e.g. 74 vs 76)",
         _v_heuristic,
+    ),
+    Candidate(
+        "exact (HiGHS)",
+        "the proven optimum of tiny settings (<= 24 actions) where highspy is installed",
+        _exact,
     ),
 ]
 CANDIDATES: dict[str, list[Candidate]] = {"linear": _LINEAR, "v": _V}

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zbkit.schedules._bounds import gap_line
 from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
@@ -86,18 +87,7 @@ def bound_for(schedule: Schedule, costs: Costs | Sequence[Costs] | None = None) 
     if paired and any(c.overlap for c in per):
         return None
     placement = next((p for p in ("linear", "v") if where == stage_to_rank(p, schedule.pp)), None)
-    if placement is None:  # another placement: only the busiest rank's work is certain
-        return _bounds.busy(where, m, per)
     return _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement)
-
-
-def gap_line(span: float, bound: float | None) -> str:
-    """'optimal' or '<= 3.1% above optimal' for a longest rank span against its bound."""
-    if bound is None:
-        return "no certified bound (overlapped pairs save time the bounds do not count)"
-    if span <= bound * (1 + 1e-9) + 1e-12:
-        return f"optimal (it reaches the lower bound {bound:.6g})"
-    return f"<= {(span - bound) / span:.1%} above optimal (lower bound {bound:.6g})"
 
 
 def _quiet(make):
@@ -205,15 +195,45 @@ def solve(
         raise ValueError(f"solve: objective must be one of {OBJECTIVES}, got {objective!r}")
     if placement not in ("linear", "v"):
         raise ValueError(f"solve: placement must be 'linear' or 'v', got {placement!r}")
-    highspy = _highs()
+    _highs()  # the extra's one-line error before any work
     where = stage_to_rank(placement, pp)
     per = per_stage(costs, where, "solve")
-    model = _Model(where, microbatches, per)
-    if memory_limit is None:
-        memory_limit = one_f_one_b_peak(where, per)
+    limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
+    warm = _zb_auto(pp, microbatches, per, limit, placement)
+    return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
+
+
+def _zb_auto(pp: int, m: int, per: list[Costs], limit: float, placement: str) -> Schedule | None:
+    from zbkit.schedules._auto import search
+
+    try:
+        return search(pp, m, "zb-auto", per, limit, placement).schedule
+    except ValueError:  # nothing of zb-auto's fits: the solver starts from nothing
+        return None
+
+
+def prove(
+    where: list[int],
+    m: int,
+    per: list[Costs],
+    limit: float,
+    placement: str,
+    objective: str = "span",
+    time_limit: float = 60.0,
+    warm: Schedule | None = None,
+    max_nodes: int | None = None,
+) -> Solution:
+    """`solve` for per-stage costs, started from `warm` (a schedule of these sizes, or None);
+    `max_nodes` caps the branch and bound (a cap, unlike a time limit, gives the same answer
+    on a busy machine)."""
+    highspy = _highs()
+    pp = max(where) + 1
+    model = _Model(where, m, per)
     h = _quiet(highspy.Highs)  # HiGHS prints a banner from C on its first instance
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     # a horizon no in-order schedule's simulated times exceed: everything in series,
     # every action after one hop
     horizon = sum(model.dur) + len(model.actions) * max(c.comm for c in per)
@@ -227,24 +247,25 @@ def solve(
         first, prev = model.index[s, "F", 0], model.index[s - 1, "F", 0]
         h.addConstr(t[first] - t[prev] == model.dur[prev] + model.hop(s - 1, s))
     before = _order(h, model, t, horizon)
-    _memory(h, model, before, float(memory_limit))
+    _memory(h, model, before, limit)
     goal = _objective(h, model, t, where, objective, horizon)
     # a valid cut: no schedule's longest span (nor so its makespan) is below the instant
     # bound, which the relaxation alone does not see (the V's equal-cost optimum is one)
     from zbkit.schedules import _bounds
 
-    h.addConstr(goal >= _bounds.lower_bound(where, microbatches, per, memory_limit, placement))
-    _warm_start(h, highspy, model, t, before, goal, pp, microbatches, per, memory_limit, placement)
+    h.addConstr(goal >= _bounds.lower_bound(where, m, per, limit, placement))
+    if warm is not None:
+        _warm_start(h, highspy, model, t, before, goal, warm, per)
     started = time.perf_counter()
     h.minimize(goal)
     seconds = time.perf_counter() - started
     status = h.getModelStatus()
     if h.getInfo().primal_solution_status != 2:  # no feasible order found
         raise ValueError(
-            f"solve: no schedule fits memory_limit={memory_limit:g} for pp={pp}, "
-            f"microbatches={microbatches} (HiGHS: {h.modelStatusToString(status)}); raise it"
+            f"solve: no schedule fits memory_limit={limit:g} for pp={pp}, "
+            f"microbatches={m} (HiGHS: {h.modelStatusToString(status)}); raise it"
         )
-    schedule = _schedule(model, [h.val(x) for x in t], microbatches)
+    schedule = _schedule(model, [h.val(x) for x in t], m)
     sim = simulate(schedule, per)
     value = max(sim.span) if objective == "span" else sim.makespan
     info = h.getInfo()  # a model presolve settles has no branch-and-bound bound: its optimum
@@ -304,20 +325,13 @@ def _objective(h, model: _Model, t, where: list[int], objective: str, horizon: f
     return goal
 
 
-def _warm_start(h, highspy, model, t, before, goal, pp, m, per, limit, placement) -> None:
-    """Start the branch and bound from zb-auto's schedule (its simulated times and order):
-    the solver then only has to prove it, or find better. Skipped where zb-auto has none."""
-    from zbkit.schedules.builders import build_schedule
-
-    try:
-        auto = build_schedule(
-            "zb-auto", pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement
-        )
-    except ValueError:
-        return
-    sim = simulate(auto, per, check=False)
+def _warm_start(h, highspy, model, t, before, goal, warm: Schedule, per) -> None:
+    """Start the branch and bound from `warm` (its simulated times and order): the solver
+    then only has to prove it, or find better. Skipped where its actions are not this
+    formulation's (B or overlapped pairs)."""
+    sim = simulate(warm, per, check=False)
     start = {(e.stage, e.kind, e.microbatch): e.start for e in sim.events}
-    if set(start) != set(model.actions):  # B or pairs: not this formulation's actions
+    if set(start) != set(model.actions):
         return
     values = [0.0] * h.getNumCol()
     for a, var in enumerate(t):
