@@ -186,7 +186,7 @@ def _rank_trace(
     ]
     out.comm = [
         CommEvent(rank, m.group(1), e["ts"] * US, (e["ts"] + e["dur"]) * US)
-        for e in ranges
+        for e in sorted(ranges, key=lambda e: e["ts"])
         if (m := _TRANSFER.match(str(e.get("name", ""))))
     ]
     return out
@@ -273,6 +273,13 @@ def _placement(schedule: Schedule | None, spans: list[Span], rank: int, path: Pa
         raise ValueError(
             f"{path}: the trace runs stage {most}, but {schedule.name!r} has "
             f"{schedule.num_stages} stages"
+        )
+    beyond = max(s.microbatch for s in spans)
+    if beyond >= schedule.microbatches:  # counted stage calls of several steps run on
+        raise ValueError(
+            f"{path}: the trace runs microbatch {beyond}, but {schedule.name!r} has "
+            f"{schedule.microbatches}: it holds several steps; profile one step, or call "
+            "prof.step() after each and pick one with step="
         )
     return list(schedule.stage_to_rank)
 
