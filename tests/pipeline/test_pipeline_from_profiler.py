@@ -141,7 +141,8 @@ def test_from_profiler_reads_torchs_runs_in_torchs_order(tmp_path: Path) -> None
 
 def test_from_profiler_gives_device_times_from_the_kernels() -> None:
     """The fixture: CPU ranges PP:0F0, an overlapped pair, PP:0B1, with runtime launches
-    linked to kernels by correlation (and ac2g flows); times in microseconds from 1000."""
+    linked to kernels by correlation (and ac2g flows), and Kineto's GPU-side copies of two
+    ranges (gpu_user_annotation: not actions); times in microseconds from 1000."""
     trace = Trace.from_profiler(FIXTURE)
     us = [(e.label, e.paired, round(e.start * 1e6), round(e.end * 1e6)) for e in trace.events]
     assert us == [

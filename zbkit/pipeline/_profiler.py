@@ -69,6 +69,8 @@ _METHOD = re.compile(  # python_function events of torch's stage methods (with_s
 )
 _GPU = {"kernel", "gpu_memcpy", "gpu_memset"}  # device activity, by correlation id
 _LAUNCH = {"cuda_runtime", "cuda_driver"}  # cudaLaunchKernel, cudaMemcpyAsync, cuLaunchKernel
+# on the GPU's rows: the activity, and Kineto's copies of the host ranges around it
+_DEVICE_SIDE = {*_GPU, "gpu_user_annotation"}
 _HOW = (
     "record a step as: with torch.profiler.profile(activities=[ProfilerActivity.CPU, "
     "ProfilerActivity.CUDA]) as prof: schedule.step(...), then prof.export_chrome_trace(path)"
@@ -172,7 +174,10 @@ def _rank_of(doc: dict[str, Any], index: int, ranks: list[int] | None) -> int:
 def _rank_trace(
     events: list[dict], rank: int, schedule: Schedule | None, step: int, path: Path
 ) -> Trace:
-    ranges = _in_step([e for e in events if e.get("ph") == "X" and "dur" in e], step, path)
+    host = [
+        e for e in events if e.get("ph") == "X" and "dur" in e and e.get("cat") not in _DEVICE_SIDE
+    ]
+    ranges = _in_step(host, step, path)
     spans = _spans(ranges, rank, schedule)
     if not spans:
         raise ValueError(f"{path} (rank {rank}): {_nothing_found(ranges)}; {_HOW}")
