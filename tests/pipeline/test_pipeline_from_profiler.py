@@ -19,16 +19,18 @@ import torch
 
 from zbkit.launch import launch
 from zbkit.pipeline import LocalPipeline, PipelineStage, Trace, schedule_of_trace
-from zbkit.schedules import build_schedule, simulate, validate
+from zbkit.schedules import Overlap, build_schedule, simulate, validate
 from zbkit.schedules.measure import hop_latency, measured_costs
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cuda_rank0.json"
-# (torch class, stages per rank, with_stack): the runtime's PP:<action> ranges, GPipe's
-# "Forward i" ranges, Schedule1F1B's stage-method calls (it marks no ranges)
+# (torch class, stages per rank, with_stack): the runtime's PP:<action> ranges (DualPipeV's
+# with OVERLAP_F_B pairs), GPipe's "Forward i" ranges, Schedule1F1B's stage-method calls (it
+# marks no ranges)
 CASES = [
     ("ScheduleInterleavedZeroBubble", 2, False),
+    ("ScheduleDualPipeV", 2, False),
     ("ScheduleGPipe", 1, False),
     ("Schedule1F1B", 1, True),
 ]
@@ -53,6 +55,8 @@ def profiled_runs(out_dir: str) -> list[dict]:
         torch.manual_seed(0)
         mods = [nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for _ in range(n)]
         mine = [rank + k * world for k in range(v)]  # looped: rank r holds r, r + p, ...
+        if cls_name == "ScheduleDualPipeV":
+            mine = [rank, n - 1 - rank]  # a V
         stages = [TorchStage(mods[s], s, n, torch.device("cpu")) for s in mine]
         cls = getattr(torch_schedules, cls_name)
         loss = lambda out, y: (out - y).pow(2).mean()  # noqa: E731
@@ -74,10 +78,11 @@ def profiled_runs(out_dir: str) -> list[dict]:
         report.append(
             {
                 "recorded": [e.label for e in rec.trace.events],
-                "torch_compute": [
-                    str(a)
+                "torch_compute": [  # an OVERLAP_F_B pair: its halves, in order
+                    str(half)
                     for a in schedule.pipeline_order[rank]
                     if a is not None and a.is_compute_op
+                    for half in (a.sub_actions or (a,))
                 ],
                 "torch_transfers": [op for op in ops if "SEND" in op or "RECV" in op],
             }
@@ -133,6 +138,8 @@ def test_from_profiler_reads_torchs_runs_in_torchs_order(tmp_path: Path) -> None
         placement = {e.stage: e.rank for e in trace.events}
         ran = schedule_of_trace(trace, [placement[s] for s in range(len(placement))])
         validate(ran)
+        pairs = [a for r in range(2) for a in ran.program[r] if isinstance(a, Overlap)]
+        assert bool(pairs) == (cls_name == "ScheduleDualPipeV")
         costs = measured_costs(trace.events, ran.num_stages, comm=hop_latency(trace.events))
         sim = simulate(ran, costs)
         assert 0.0 <= trace.bubble_rate < 1.0 and sim.makespan > 0
