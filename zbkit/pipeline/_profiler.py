@@ -21,10 +21,10 @@ What names an action in a trace, looked for in this order on each rank:
 
 For the last two the stage comes from `schedule` (the rank's one stage), or is the rank
 (torch's single-stage schedules put stage r on rank r). A rank is its file's (torch writes
-it in ``distributedInfo``), or with `schedule` the rank it places the stage on: one file of
-a single-process run (`LocalPipeline`) holds every rank's actions. An overlapped pair's two halves
-run one after the other inside its range: they are split where the backward's first
-autograd function starts (the middle of the range when the trace has no CPU ops).
+it in ``distributedInfo``), or with `schedule` the rank it places the stage on: one file
+of a single-process run (`LocalPipeline`) holds every rank's actions. An overlapped pair's
+halves run one after the other inside its range: they are split where the backward's
+first autograd function starts (the middle of the range when the trace has no CPU ops).
 
 Times: the traces' ``ts`` are microseconds of one clock per host (the ranks of one host
 line up); the earliest action is put at 0 and times are seconds, as in every `Trace`.
