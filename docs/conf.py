@@ -21,11 +21,13 @@ its source folder, and the notebooks stay where learners open them.
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from pathlib import Path
 
 from sphinx.ext.napoleon import Config
 from sphinx.ext.napoleon.docstring import GoogleDocstring
+from sphinx.util.docstrings import prepare_docstring
 from sphinx.util.inspect import stringify_signature
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +80,17 @@ def google_sections(app, what, name, obj, options, lines):
         lines[:] = GoogleDocstring(lines, _GOOGLE, app, what, name, obj, options).lines()
 
 
+def no_type_docstring(app, what, name, obj, options, lines):
+    """A table (`KINDS`, a dict) shows the text its page gives it, not `dict`'s docstring."""
+    doc = type(obj).__doc__
+    if (
+        what == "data"
+        and doc
+        and [x for x in lines if x] == [x for x in prepare_docstring(doc) if x]
+    ):
+        lines.clear()
+
+
 def own_signature(app, what, name, obj, options, signature, return_annotation):
     """A class's signature as Python's `inspect.signature` gives it: its own ``__init__``.
 
@@ -91,6 +104,22 @@ def own_signature(app, what, name, obj, options, signature, return_annotation):
     return None
 
 
+def readme_sections_as_pages(app, relative_path, parent_docname, content):
+    """A README section included as a page (torch-users.md, examples.md): its `## Title` is
+    the page's title, so every heading outside a code block goes one level up."""
+    if Path(relative_path).name != "README.md":
+        return
+    lines, fence = content[0].splitlines(keepends=True), ""
+    for i, line in enumerate(lines):
+        if re.match(r"(```|~~~)", line):  # a code block opens or closes (its lines stay)
+            fence = "" if fence and line.startswith(fence) else fence or line[:3]
+        elif not fence and line.startswith("##"):
+            lines[i] = line[1:]
+    content[0] = "".join(lines)
+
+
 def setup(app):
+    app.connect("include-read", readme_sections_as_pages)
     app.connect("autodoc-process-docstring", google_sections)
+    app.connect("autodoc-process-docstring", no_type_docstring)
     app.connect("autodoc-process-signature", own_signature)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from zbkit._public import public_dir
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it
@@ -37,8 +39,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), [*__all__, "__version__"])
 
 
 def load_ipython_extension(ipython: Any) -> None:

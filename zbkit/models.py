@@ -63,6 +63,8 @@ class ResidualMLPBlock(nn.Module):
 
 
 class MLP(nn.Module):
+    """Linear layers of ``sizes`` with Tanh between them: the smallest stage to split."""
+
     def __init__(self, sizes: tuple[int, ...] = (8, 16, 16, 4)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
@@ -75,6 +77,9 @@ class MLP(nn.Module):
 
 
 class SmallConvNet(nn.Module):
+    """Two convolutions (one with BatchNorm), a mean over the image and a linear head:
+    images (b, channels, h, w) -> logits (b, classes)."""
+
     def __init__(self, channels: int = 3, classes: int = 5) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(channels, 8, 3, padding=1)

@@ -32,6 +32,7 @@ import sys
 
 import torch
 
+from zbkit._public import public_dir
 from zbkit.demo._pipeline import pipeline_demo
 from zbkit.demo._runs import Config, make_schedule
 from zbkit.demo._split import split_backward_demo
@@ -139,3 +140,7 @@ def use_synthetic(timing: str, ranks: int, backend: str) -> bool:
     if timing != "auto":
         return timing == "synthetic"
     return backend == "gloo" and cores() < ranks
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

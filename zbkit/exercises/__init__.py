@@ -10,6 +10,11 @@ that ends in the same ``check``.
 
 from __future__ import annotations
 
+from zbkit._public import public_dir
 from zbkit.exercises._core import EXERCISES, Exercise, Verdict, all_exercises, check, exercise
 
 __all__ = ["EXERCISES", "Exercise", "Verdict", "all_exercises", "check", "exercise"]
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

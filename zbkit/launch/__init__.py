@@ -16,6 +16,7 @@ import sys
 import types
 from typing import Any
 
+from zbkit._public import public_dir
 from zbkit.launch._errors import LaunchError
 from zbkit.launch.cluster import Cluster
 from zbkit.launch.launcher import launch
@@ -34,3 +35,7 @@ class _CallableModule(types.ModuleType):
 
 __signature__ = inspect.signature(launch)
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

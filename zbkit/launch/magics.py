@@ -130,10 +130,12 @@ class ZbMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext zbkit.launch.magics`` (or ``%load_ext zbkit``): registers the magics."""
     ipython.register_magics(ZbMagics(ipython))
 
 
 def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext``: closes the kernel's cluster, if any, and removes the magics."""
     magics = ipython.magics_manager.registry.pop("ZbMagics", None)
     if magics is not None and magics.cluster is not None:
         magics.cluster.close()

@@ -15,6 +15,7 @@ pending.wait()                           # .grad is now the mean over the replic
 
 from typing import Any
 
+from zbkit._public import public_dir
 from zbkit.parallel._comm_stats import CommStats
 from zbkit.parallel.accumulate import AccumOptimizer, AccumScheduler, AccumulatingLoader
 from zbkit.parallel.average import PendingAverage, average_gradients
@@ -58,3 +59,7 @@ def __getattr__(name: str) -> Any:
 
         return FSDPBackend
     raise AttributeError(f"module 'zbkit.parallel' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

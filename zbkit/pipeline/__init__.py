@@ -26,6 +26,7 @@ On 4 ranks (``launch(fn, nprocs=4)``, a ``Cluster`` or ``torchrun``), inside ``f
     trace = runner.gather_trace()         # every rank's events, one clock
 """
 
+from zbkit._public import public_dir
 from zbkit.pipeline._comms import CommTimeout
 from zbkit.pipeline.local import LocalPipeline
 from zbkit.pipeline.runner import ScheduleRunner
@@ -51,3 +52,7 @@ __all__ = [
     "schedule_of_trace",
     "trace_torch",
 ]
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

@@ -32,7 +32,45 @@ from zbkit.schedules.schedule import expect_schedule
 
 
 class LocalPipeline:
-    """Runs ``schedule`` over ``modules`` (one per stage, in stage order) in one process."""
+    """Runs ``schedule`` over ``modules`` (one per stage, in stage order) in one process.
+
+    The oracle twin of ``ScheduleRunner``: the same ``PipelineStage`` per stage and the same
+    per-action code (F, I, W, B and the loss), with the ranks' programs interleaved as the
+    ranks would meet, so a schedule's losses and gradients can be checked here against plain
+    autograd before it runs on processes. ``step`` runs one training step (``.grad`` then as
+    after the loss on the whole batch) and returns each microbatch's loss; ``trace`` holds
+    what ran, the events ``zbkit.viz.plot_schedule`` draws.
+
+    Args:
+        modules: one ``nn.Module`` (or ``PipelineStage``) per stage, in stage order; each
+            takes the previous one's outputs: ``module(**inputs) -> dict[str, Tensor]``, or
+            torch's form ``module(*tensors) -> Tensor | tuple``.
+        schedule: a ``Schedule`` (``build_schedule(...)``), validated first.
+        loss_fn: ``loss_fn(outputs, targets) -> scalar`` for one microbatch, after the last
+            stage (torch's ``loss_fn(output, target)`` works unchanged).
+        scale_grads: divide each microbatch's loss by the number of microbatches, so the
+            gradients are those of the mean loss over the whole batch.
+
+    Example::
+
+        import torch
+        from torch import nn
+        from zbkit.pipeline import LocalPipeline
+        from zbkit.schedules import build_schedule
+
+        torch.manual_seed(0)
+        stages = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4)]
+        pipe = LocalPipeline(stages, build_schedule("zb-h1", pp=4, microbatches=8), nn.MSELoss())
+        x, y = torch.randn(16, 8), torch.randn(16, 8)
+        losses = pipe.step(x, target=y)  # 8 losses: one per microbatch of 2 rows
+        grads = [p.grad.clone() for p in pipe.parameters()]
+
+        # the oracle: plain autograd on the whole batch gives the same gradients
+        for p in pipe.parameters():
+            p.grad = None
+        nn.MSELoss()(nn.Sequential(*stages)(x), y).backward()
+        assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, pipe.parameters()))
+    """
 
     def __init__(
         self,

@@ -8,6 +8,7 @@
 The layers and where to add a schedule or an action kind: docs/architecture.md.
 """
 
+from zbkit._public import public_dir
 from zbkit.schedules.action import KINDS, Action, Kind, Overlap, Product
 from zbkit.schedules.builders import SCHEDULES, build_schedule, explain_auto
 from zbkit.schedules.costs import Costs
@@ -49,3 +50,7 @@ __all__ = [
     "solve",
     "validate",
 ]
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

@@ -31,21 +31,25 @@ class ClosedForm(NamedTuple):
 
 # ---- bubbles, per construction (the record says which is whose) ---------------------------
 def one_f_one_b_bubble(pp: int, m: int, v: int, c: Any) -> Bubble:
+    """1F1B's (and GPipe's) bubble: p-1 stages' F+I+W at each end of the step."""
     return "(p-1)(F+I+W)", (pp - 1) * (c.F + c.I + c.W)  # GPipe's too
 
 
 def interleaved_bubble(pp: int, m: int, v: int, c: Any) -> Bubble:
+    """Interleaved 1F1B's bubble: 1F1B's, over v chunks per rank."""
     # the same count of steps, each a stage 1/v as long
     return "(p-1)(F+I+W)/v", (pp - 1) * (c.F + c.I + c.W) / v
 
 
 def zb_h1_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
+    """ZB-H1's bubble, where W <= min(F, I) and m >= p: each W fills part of one."""
     if c.W <= min(c.F, c.I) and m >= pp:
         return "(p-1)(F+I-W)", (pp - 1) * (c.F + c.I - c.W)
     return None
 
 
 def zb_h2_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
+    """ZB-H2's bubble: none with equal costs (m >= 2p-1); else (p-1)(F+I-2W), m >= 2p."""
     if c.F == c.I == c.W and m >= 2 * pp - 1:
         return "0 (F = I = W, m >= 2p-1)", 0.0
     if m >= 2 * pp:  # needs enough microbatches to fill the warm-up
@@ -54,6 +58,7 @@ def zb_h2_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
 
 
 def zb_v_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
+    """ZB-V's bubble: none with equal costs and m >= 2p (no closed form otherwise)."""
     if c.F == c.I == c.W and m >= 2 * pp:
         return "0 (F = I = W)", 0.0
     return None
@@ -61,18 +66,22 @@ def zb_v_bubble(pp: int, m: int, v: int, c: Any) -> Bubble | None:
 
 # ---- peak activations per rank (valid when mem_weight = 0) ---------------------------------
 def gpipe_peak(pp: int, m: int, v: int, c: Any) -> Peak:
+    """GPipe's peak per rank: every microbatch's activations, m."""
     return "m", [c.mem_activation * m for _ in range(pp)]
 
 
 def one_f_one_b_peak(pp: int, m: int, v: int, c: Any) -> Peak:  # ZB-H1's too
+    """1F1B's peak on rank r: the p-r microbatches in flight (at most m)."""
     return "min(p-r, m)", [c.mem_activation * min(pp - r, m) for r in range(pp)]
 
 
 def zb_h2_peak(pp: int, m: int, v: int, c: Any) -> Peak:
+    """ZB-H2's peak on rank r: 2(p-r)-1 microbatches (at most m)."""
     return "min(2(p-r)-1, m)", [c.mem_activation * min(2 * (pp - r) - 1, m) for r in range(pp)]
 
 
 def interleaved_peak(pp: int, m: int, v: int, c: Any) -> Peak | None:
+    """Interleaved 1F1B's steady-state peak per rank (m >= 2p), in rank shares."""
     if m < 2 * pp:  # the steady-state formula: chunk-microbatches, each 1/v of a share
         return None
     held = [min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v) / v for r in range(pp)]
@@ -80,6 +89,7 @@ def interleaved_peak(pp: int, m: int, v: int, c: Any) -> Peak | None:
 
 
 def zb_v_peak(pp: int, m: int, v: int, c: Any) -> Peak | None:
+    """ZB-V's steady-state peak (m >= 2p): p on every rank."""
     if m < 2 * pp:  # steady state only
         return None
     return "p", [c.mem_activation * pp for _ in range(pp)]  # 2p half-size chunks: p shares

@@ -31,6 +31,7 @@ def input_producer(e: Event, by_key: Mapping[EventKey, Event], last_stage: int) 
 
 
 def by_key(events: Iterable[Event]) -> dict[EventKey, Event]:
+    """The events by (stage, kind, microbatch), e.g. ``by_key(trace.events)[(0, "F", 3)]``."""
     return {(e.stage, e.kind, e.microbatch): e for e in events}
 
 

@@ -7,6 +7,7 @@ holds the optional fast paths and the check that guards them, with _free.py
 structure). See docs/architecture.md, section splitgrad.
 """
 
+from zbkit._public import public_dir
 from zbkit.splitgrad._backward import (
     BackwardInputResult,
     stage_backward_full,
@@ -39,3 +40,7 @@ __all__ = [
     "stage_backward_input",
     "stage_backward_weight",
 ]
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

@@ -105,7 +105,31 @@ def analyze(
     inputs: torch.Tensor | Sequence[torch.Tensor],
     module: nn.Module,
 ) -> SplitGradAnalysis:
-    """Analyse how a stage's backward splits, without running it."""
+    """Analyse how a stage's backward splits, without running it.
+
+    Give it one forward of the stage: the ``outputs`` it produced, the ``inputs`` it was given
+    (those that require grad are what the input pass I differentiates towards) and the
+    ``module``, for its parameters' names. It walks the autograd graph from the outputs and
+    returns a ``SplitGradAnalysis``: the input closure (the nodes I runs), the parameter
+    groups (parameters whose weight pass W starts from the same intermediate nodes, where I
+    leaves their gradients), the parameters nothing depends on, and a readable label per node.
+    Nothing runs and no ``.grad`` changes; ``stage_backward_input`` and
+    ``stage_backward_weight`` then run I and W on such a graph.
+
+    Example::
+
+        import torch
+        from torch import nn
+        from zbkit.splitgrad import analyze
+
+        block = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
+        x = torch.randn(2, 4, requires_grad=True)
+        analysis = analyze(block(x), x, block)
+        print(analysis)  # group 0: 0.weight, 0.bias  <- W starts at AddmmBackward0#1 ...
+        assert [g.param_names for g in analysis.groups] == [["0.weight", "0.bias"],
+                                                             ["2.weight", "2.bias"]]
+        # in a notebook: analysis shows as a table, analysis.to_dot() draws the graph
+    """
     outputs, inputs = _as_list(outputs), _as_list(inputs)
     out_nodes = [grad_node(o) for o in outputs]
     input_nodes = [grad_node(x) for x in inputs if x.requires_grad]

@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from zbkit._display import renders
+from zbkit._public import public_dir
 from zbkit.viz import _html  # noqa: F401  registers the notebook forms of the data classes
 from zbkit.viz.graph import draw_graph
 from zbkit.viz.timeline import Timeline, timeline
@@ -52,5 +53,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

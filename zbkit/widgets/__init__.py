@@ -11,9 +11,14 @@ try:  # the core install (`pip install zbkit`) has none of these: say which extr
 except ModuleNotFoundError as e:
     raise ImportError(f"zbkit.widgets needs {e.name}: pip install 'zbkit[notebook]'") from e
 
+from zbkit._public import public_dir  # noqa: E402
 from zbkit.widgets.explorer import ParamGroupExplorer  # noqa: E402
 from zbkit.widgets.run_viewer import RunViewer  # noqa: E402
 from zbkit.widgets.schedule_explorer import ScheduleExplorer  # noqa: E402
 from zbkit.widgets.stepper import SplitBackwardStepper  # noqa: E402
 
 __all__ = ["ParamGroupExplorer", "RunViewer", "ScheduleExplorer", "SplitBackwardStepper"]
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)
