@@ -17,6 +17,9 @@ _MODULES = ("_nb01", "_nb02", "_nb03", "_nb04", "_nb05", "_nb06", "_nb07", "_nb0
 
 @dataclass(frozen=True)
 class Exercise:
+    """One registered exercise: its key, what it asks, and the checker that works out the
+    answer with zbkit itself (``exercise(key, asks)`` registers one)."""
+
     key: str  # "03.1": notebook 03, exercise 1
     asks: str  # what the answer is, in one line (shown when the answer is missing)
     checker: Checker

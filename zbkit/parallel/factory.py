@@ -33,7 +33,18 @@ BACKENDS: dict[str, type[TrainingBackend] | Callable[[], type[TrainingBackend]]]
 
 
 def create_backend(name: str, **options: Any) -> TrainingBackend:
-    """Build a backend from `BACKENDS`: `create_backend("ddp", grad_accum_steps=4)`."""
+    """Build a backend from `BACKENDS`: `create_backend("ddp", grad_accum_steps=4)`.
+
+    `options` go to the backend's class and are checked first: an unknown name or option
+    is an error, never silently dropped. The backend then wraps a plain training loop::
+
+        backend = create_backend("ddp", grad_accum_steps=4)
+        model, optimizer, loader, scheduler = backend.prepare(model, optimizer, loader, scheduler)
+        for batch in loader:
+            with backend.accumulate(model):  # no_sync() unless this micro-step ends a window
+                backend.backward(loss_fn(model(batch)))
+                optimizer.step(); scheduler.step(); optimizer.zero_grad()  # only at a window's end
+    """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(sorted(BACKENDS))}")
     entry = BACKENDS[name]

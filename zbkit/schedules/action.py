@@ -44,6 +44,8 @@ PARTS = ("F", "I", "W")
 
 @dataclass(frozen=True, slots=True)
 class Kind:
+    """One row of `KINDS`: what an action of this kind does, holds, needs and makes."""
+
     letter: str
     name: str  # what the legend and the messages call it
     parts: tuple[str, ...]  # units of work it does (B = I + W); duration = their Costs sum
@@ -98,7 +100,21 @@ _PATTERN = re.compile(r"^\s*(\d+)\s*([A-Za-z]+)\s*(\d+)\s*$")
 @final  # `type(a) is Action` tells a pair from an action in the hot loops
 @dataclass(frozen=True, slots=True, order=True)
 class Action:
-    """A compute action: `kind` of `stage` on `microbatch` (all indices 0-based)."""
+    """A compute action: `kind` of `stage` on `microbatch` (all indices 0-based).
+
+    The one action type of every schedule: a rank's program is a list of them (and of
+    `Overlap` pairs). `kind` is a letter of `KINDS` (F forward, I input gradient, W weight
+    gradient, B both), which says what the action needs, makes and holds. It prints as
+    stage, kind, microbatch: `1I2` is stage 1's input gradient of microbatch 2.
+
+    Example::
+
+        from zbkit.schedules import KINDS, Action
+
+        a = Action.parse("1I2")
+        assert a == Action(stage=1, kind="I", microbatch=2) and str(a) == "1I2"
+        assert KINDS[a.kind].name == "input grad"
+    """
 
     stage: int
     kind: str

@@ -33,7 +33,12 @@ __all__ = [
 
 
 class Event(NamedTuple):
-    """One action that ran (or was simulated): what a Gantt chart draws."""
+    """One action that ran (or was simulated): what a Gantt chart draws.
+
+    `Simulation.events` and a measured `Trace.events` hold the same form, so the drawings,
+    the bubble and `zbkit.schedules.measure` work on either. `label` is the action's text
+    (`1I3`); `paired` marks one half of an overlapped pair.
+    """
 
     rank: int
     stage: int

@@ -80,7 +80,19 @@ PlanStep = Union[Action, Overlap, Comm]  # noqa: UP007 - a runtime alias, readab
 
 @dataclass(frozen=True)
 class Plan:
-    """One rank's steps in order: compute actions and the transfers around them."""
+    """One rank's steps in order: compute actions and the transfers around them.
+
+    What an executor walks (``for step in plan``): ``derive_plan(schedule, rank)`` adds to
+    the rank's compute actions the ``Comm`` each one needs, receives before and sends after.
+    It prints as a numbered list, the transfers indented::
+
+        plan of rank 0: 4 actions, 4 comms
+        0  0F0
+        1      send act 1:0 -> rank 1
+        ...
+        4      recv grad 0:0 <- rank 1
+        5  0B0
+    """
 
     rank: int
     steps: tuple[PlanStep, ...]
@@ -115,7 +127,13 @@ class Plan:
 
 
 def derive_plan(schedule: Schedule, rank: int) -> Plan:
-    """``rank``'s compute actions with the ``Comm`` each one needs around it."""
+    """``rank``'s compute actions with the ``Comm`` each one needs around it.
+
+    One pass over the rank's program: before an action, a receive for each input made on
+    another rank (its stage's neighbour, from ``Kind.needs``); after it, a send for each rank
+    that consumes what it makes. ``print(derive_plan(build_schedule("1f1b", pp=2,
+    microbatches=2), 0))`` shows rank 0's; ``ScheduleRunner.plan`` is this.
+    """
     expect_schedule(schedule, "derive_plan")
     where, n = schedule.stage_to_rank, schedule.num_stages
     steps: list[PlanStep] = []

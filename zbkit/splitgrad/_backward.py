@@ -37,6 +37,10 @@ _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
 
 @dataclass(eq=False)
 class BackwardInputResult:
+    """What ``stage_backward_input`` returns: the input gradients (to send upstream now) and
+    the weight pass still to run. Unpacks as torch's tuple:
+    ``grads, param_groups = stage_backward_input(...)``."""
+
     input_grads: list[torch.Tensor | None]  # one per stage input (None: does not require grad)
     pending_weight: PendingWeight  # hand it to stage_backward_weight, once
 

@@ -84,7 +84,12 @@ def raw_events(obj: Any) -> list[Any]:
 
 
 def timeline(obj: Any, *, num_ranks: int | None = None) -> Timeline:
-    """Normalise `obj` (Simulation, trace, or list of events) into a `Timeline`."""
+    """Normalise `obj` (Simulation, trace, or list of events) into a `Timeline`.
+
+    Every drawing starts here: the events shifted so the run starts at 0, per rank, with the
+    makespan and bubble a title shows. Works without matplotlib (the core install), for
+    reading a run's numbers: ``timeline(simulate(schedule)).bubble_rate``.
+    """
     events = [_one_event(raw, i) for i, raw in enumerate(raw_events(obj))]
     if not events:
         raise ValueError("no events to draw: the simulation or trace is empty")
