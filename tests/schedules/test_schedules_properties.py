@@ -6,6 +6,7 @@ import random
 import pytest
 
 from zbkit.schedules import SCHEDULES, Costs, ScheduleError, build_schedule, simulate, validate
+from zbkit.schedules.catalog import RECORDS
 
 COSTS = [Costs(F=1.0, I=1.2, W=0.7, comm=0.1), Costs(F=2.0, I=1.0, W=1.5, comm=0.0)]
 
@@ -75,7 +76,9 @@ def check_events(sim, per_stage):
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_simulated_events_follow_the_rules(name):
     for p, m, costs in [(2, 4, COSTS[0]), (3, 6, COSTS[1]), (4, 8, COSTS[0])]:
-        kwargs = {"costs": costs} if name == "zb-auto" else {}
+        if RECORDS[name].largest is not None and 3 * p * m > 48:  # a proof: small sizes only
+            continue
+        kwargs = {"costs": costs} if RECORDS[name].searches == "always" else {}
         s = build_schedule(name, pp=p, microbatches=m, **kwargs)
         sim = simulate(s, costs)
         check_events(sim, chunks(costs, s))

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate, solve
+from zbkit.schedules.catalog import RECORDS
 from zbkit.viz import plot_frontier
+
+# drawn by default: every schedule but the proofs (zb-opt), which are drawn when named
+DEFAULT = [n for n in SCHEDULES if RECORDS[n].largest is None]
 
 PP, M = 4, 8
 COSTS = Costs(F=1, I=1, W=0.5, mem_activation=1.0, mem_weight=0.3)  # notebook 04's
@@ -43,7 +47,7 @@ def fig():
 
 def test_each_point_is_its_schedules_simulation(fig):
     drawn = _points(fig)
-    want = {name: _measured(name) for name in SCHEDULES if name != "zb-auto"}
+    want = {name: _measured(name) for name in DEFAULT if name != "zb-auto"}
     for placement in ("linear", "v"):
         for limit in LIMITS:  # the search's limit is in the same unit, whatever the placement
             options = dict(costs=COSTS, memory_limit=limit, placement=placement)
@@ -77,7 +81,10 @@ def test_frontier_marks_exactly_the_non_dominated_points(fig):
         p.on_frontier == ((round(p.memory, 9), round(p.bubble, 9)) in want) for p in fig.points
     )
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "Pareto frontier" in legend[-1]
+    assert "Pareto frontier" in legend[-3]
+    assert legend[-2:] == [
+        f"certified floor ({p}):\nno {p} schedule below" for p in ("linear", "v")
+    ]
 
 
 def test_a_schedule_that_cannot_be_built_is_reported_not_dropped():
@@ -95,7 +102,7 @@ def test_a_schedule_that_cannot_be_built_is_reported_not_dropped():
     assert "at least the number of stages" in fig.skipped["dualpipev"]  # m=6 < 2p=8
     built = {k.split("@")[0] for k in _points(fig)}
     left_out = ("interleaved-1f1b", "zb-auto", "dualpipev")
-    assert built == {n for n in SCHEDULES if n not in left_out} | {
+    assert built == {n for n in DEFAULT if n not in left_out} | {
         "zb-auto (linear)",
         "zb-auto (v)",
     }
@@ -143,7 +150,47 @@ def test_every_schedule_has_its_own_colour_and_marker(fig):
         if gid.startswith("point:"):
             label = gid.removeprefix("point:").split("@")[0]
             styles[label] = (to_hex(line.get_color()), line.get_marker())
-    assert len(styles) == len(SCHEDULES) + 1  # zb-auto drawn twice, once per placement
+    assert len(styles) == len(DEFAULT) + 1  # zb-auto drawn twice, once per placement
     colours = [c for c, _ in styles.values()]
     assert len(set(colours)) == len(colours), styles
     assert fig.axes[0].get_ylabel() == "bubble rate (simulated)"
+
+
+def test_each_placements_floor_is_under_every_schedule_and_the_proven_optimum():
+    # oracle: the solver's proven optimum under each limit, and every point of that placement
+    costs, limits, m = Costs(1, 1.5, 0.5, comm=0.2), [1.5, 2, 3, 4], 3
+    fig = plot_frontier(2, m, costs, schedules=["1f1b", "zb-h1", "zb-auto", "zb-opt", "zb-v"],
+                        memory_limits=limits)  # fmt: skip
+    assert set(fig.floors) == {"linear", "v"}
+    ideal = m * (costs.F + costs.I + costs.W)
+    drawn = _points(fig)
+    for placement, floor in fig.floors.items():
+        under = dict(floor)
+        assert [x for x, _ in floor] == sorted(under)
+        mine = {"linear": ("1f1b", "zb-h1", "zb-auto (linear)", "zb-opt (linear)"),
+                "v": ("zb-v", "zb-auto (v)", "zb-opt (v)")}[placement]  # fmt: skip
+        for gid, (x, y) in drawn.items():
+            if gid.split("@")[0] in mine:
+                assert y >= under[x] - 1e-12, (placement, gid)
+        for limit in limits:
+            try:
+                best = solve(pp=2, microbatches=m, costs=costs, memory_limit=limit,
+                             placement=placement)  # fmt: skip
+            except ValueError:
+                continue
+            assert best.optimal
+            # the optimum holds at most the limit: the floor anywhere from there on is under it
+            assert all(v <= 1 - ideal / best.value + 1e-9 for x, v in floor if x >= limit)
+    # zb-opt, named: its curve is at or under zb-auto's at every limit, and said
+    for label in ("linear", "v"):
+        for limit in limits:
+            opt, auto = (
+                drawn.get(f"zb-opt ({label})@{limit:g}"),
+                drawn.get(f"zb-auto ({label})@{limit:g}"),
+            )
+            if auto is not None:
+                assert opt is not None and opt[1] <= auto[1] + 1e-12
+    assert "certified floors (fig.floors), dashed: zb-auto (linear) at most" in repr(fig)
+    # overlapped pairs save time the bounds do not count: no floor, and the figure says so
+    paired = plot_frontier(2, 4, Costs(overlap=0.5), schedules=["dualpipev", "zb-auto"])
+    assert paired.floors == {} and "no certified floor" in repr(paired)

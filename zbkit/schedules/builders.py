@@ -71,11 +71,26 @@ def build_schedule(
             takes = ", ".join(found.options) or "no options"
             raise ValueError(f"{name}: bad option {option!r} ({name} takes {takes})")
     given = {**found.options, **options}  # the record's defaults, then what was given
+    if found.largest is not None and _actions(found, pp, microbatches, options) > found.largest:
+        actions = _actions(found, pp, microbatches, options)
+        raise ValueError(
+            f"{name}: {actions} actions (F, I, W per stage and microbatch) > {found.largest}, "
+            f"the most it proves in about a minute; use zb-auto (explain_auto says how far "
+            f"from optimal it can be) or zbkit.schedules.solve(..., time_limit=...)"
+        )
     if found.searches != "never":
         given.update(costs=costs, memory_limit=memory_limit)
     schedule = found.build(pp, microbatches, name, **given)
     check_counts(schedule)
     return schedule
+
+
+def _actions(found, pp: int, m: int, options: dict) -> int:
+    """F, I and W per stage and microbatch; 0 for a placement it refuses (its builder says)."""
+    try:
+        return 3 * len(found.stage_to_rank(pp, **options)) * m
+    except ValueError:
+        return 0
 
 
 def explain_auto(

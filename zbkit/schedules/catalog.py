@@ -65,6 +65,9 @@ class ScheduleRecord:
     # "always": it is a search, drawn as one frontier curve per placement in `curves`
     searches: str = "never"
     curves: Mapping[str, Style] = field(default_factory=dict)  # placement -> its curve
+    # the most actions (F, I, W per stage and microbatch) it builds, each build being a proof
+    # (None: any size); `build_schedule` refuses larger, `plot_frontier` draws it when named
+    largest: int | None = None
 
     def stage_to_rank(self, pp: int, **options: Any) -> list[int]:
         """Where its stages live for these options (zb-auto's `placement`, `stages_per_rank`)."""
@@ -203,6 +206,22 @@ def _zb_auto(
     return zb_auto(pp, m, name, costs, memory_limit, placement)
 
 
+def _zb_opt(
+    pp: int,
+    m: int,
+    name: str,
+    costs: Any = None,
+    memory_limit: Any = None,
+    placement: str = "linear",
+    time_limit: float = 60.0,
+) -> Schedule:
+    """The exact solver's schedule (`exact.solve`): proven optimal, or the best it found in
+    `time_limit` seconds."""
+    from zbkit.schedules.exact import optimum
+
+    return optimum(pp, m, name, costs, memory_limit, placement, time_limit)
+
+
 def _zb_v(pp: int, m: int, name: str, costs: Any = None, memory_limit: Any = None) -> Schedule:
     """The paper's hand-written ZB-V; for given costs or a limit, the fastest V schedule
     for them (zb-auto's V search, whose candidates include the paper's ZB-V and the
@@ -261,6 +280,11 @@ for _record in (
         "zb-auto", _zb_auto, "the fastest of named candidates for the costs, under a limit",
         options={"placement": "linear"}, searches="always",
         curves={"linear": Style("#ff7f0e", ">"), "v": Style("#9467bd", "p")},
+    ),
+    ScheduleRecord(
+        "zb-opt", _zb_opt, "the proven optimum for the costs under a limit (HiGHS; small sizes)",
+        options={"placement": "linear", "time_limit": 60.0}, searches="always",
+        curves={"linear": Style("#000000", "*"), "v": Style("#000000", "X")}, largest=96,
     ),
     ScheduleRecord(
         "looped-bfs", _looped_bfs, "torch's looped BFS: every microbatch through a chunk first",

@@ -130,7 +130,7 @@ def _report(schedule: Schedule, sim: Simulation, costs: Costs, chosen: Candidate
     print(f"\ncosts: {costs}")
     print(f"bubble rate: {sim.bubble_rate:.4f}  (makespan {sim.makespan:.4g}, one iteration)")
     # how far from the best any schedule of this placement could do in this memory
-    gap = gap_line(max(sim.span), bound_for(schedule, costs))
+    gap = gap_line(max(sim.span), bound_for(schedule, costs, sim))
     print(f"longest rank span {max(sim.span):.4g}: {gap}")
     print(throughput(schedule, costs, simulated=sim))
     line = _closed_form(schedule, costs)

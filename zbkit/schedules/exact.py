@@ -27,7 +27,7 @@ from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import simulate
+from zbkit.schedules.simulate import Simulation, simulate
 
 __all__ = ["Solution", "bound_for", "gap_line", "lower_bound", "solve"]
 
@@ -75,13 +75,18 @@ def lower_bound(
     return _bounds.lower_bound(where, microbatches, per, limit, placement)
 
 
-def bound_for(schedule: Schedule, costs: Costs | Sequence[Costs] | None = None) -> float | None:
+def bound_for(
+    schedule: Schedule,
+    costs: Costs | Sequence[Costs] | None = None,
+    simulated: Simulation | None = None,
+) -> float | None:
     """A certified lower bound on the longest rank span of any schedule with `schedule`'s
     placement and sizes that holds no more memory than it does; None where zbkit has none
-    (overlapped pairs save time, which the bounds do not count)."""
+    (overlapped pairs save time, which the bounds do not count). `simulated`: the schedule's
+    simulation with these costs, if the caller has it (else it is simulated here)."""
     from zbkit.schedules import _bounds
 
-    sim = simulate(schedule, costs, check=False)
+    sim = simulated if simulated is not None else simulate(schedule, costs, check=False)
     per, where, m = sim.per_stage, schedule.stage_to_rank, schedule.microbatches
     paired = any(len(item.halves) == 2 for row in schedule.program.values() for item in row)
     if paired and any(c.overlap for c in per):
@@ -201,6 +206,37 @@ def solve(
     limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
     warm = _zb_auto(pp, microbatches, per, limit, placement)
     return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
+
+
+_KEPT = 16  # solutions remembered by their arguments (a slider moved back), oldest first out
+_RECENT: dict[tuple, Solution] = {}
+
+
+def optimum(
+    pp: int,
+    m: int,
+    name: str,
+    costs: Costs | Sequence[Costs] | None,
+    memory_limit: float | None,
+    placement: str,
+    time_limit: float,
+) -> Schedule:
+    """`solve`'s schedule named `name` (zb-opt), the last few kept: a proof takes seconds."""
+    if not isinstance(time_limit, int | float) or isinstance(time_limit, bool) or time_limit <= 0:
+        raise ValueError(f"{name}: time_limit must be a number of seconds > 0, got {time_limit!r}")
+    where = stage_to_rank(placement, pp) if placement in ("linear", "v") else None
+    per = tuple(per_stage(costs, where, name)) if where else costs
+    key = (pp, m, per, memory_limit, placement, float(time_limit))
+    if key not in _RECENT:
+        _RECENT[key] = solve(
+            pp=pp, microbatches=m, costs=costs, memory_limit=memory_limit,
+            placement=placement, time_limit=time_limit,
+        )  # fmt: skip
+        while len(_RECENT) > _KEPT:
+            _RECENT.pop(next(iter(_RECENT)))
+    found = _RECENT[key]
+    program = {r: list(actions) for r, actions in found.schedule.program.items()}
+    return Schedule(program, list(found.schedule.stage_to_rank), m, name)
 
 
 def _zb_auto(pp: int, m: int, per: list[Costs], limit: float, placement: str) -> Schedule | None:

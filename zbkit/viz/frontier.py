@@ -16,9 +16,10 @@ from typing import Any, NamedTuple
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
-from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.schedules import SCHEDULES, Costs, _bounds, build_schedule, simulate
 from zbkit.schedules.catalog import RECORDS, Style
-from zbkit.schedules.costs import MEMORY_UNIT
+from zbkit.schedules.costs import MEMORY_UNIT, per_stage
+from zbkit.schedules.placement import stage_to_rank
 from zbkit.viz._figure import ZbFigure
 
 _OTHER_MARKERS = "osD^v<>phX*P8d"
@@ -66,7 +67,9 @@ def _check(pp, microbatches, costs, schedules, memory_limits) -> tuple[Costs, li
             f"plot_frontier: costs must be one Costs (the same for every stage), "
             f"got {type(costs).__name__}"
         )
-    names = list(SCHEDULES if schedules is None else schedules)
+    # by default every schedule but the proofs (zb-opt: seconds a point), drawn when named
+    default = [n for n in SCHEDULES if RECORDS[n].largest is None]
+    names = list(default if schedules is None else schedules)
     unknown = [n for n in names if n not in SCHEDULES]
     if unknown or not names:
         raise ValueError(
@@ -172,7 +175,8 @@ def plot_frontier(
     bottom = (0.75 + 0.17 * len(wrapped)) / height
     ax = fig.add_axes((0.08, bottom, 0.62, 1 - bottom - 0.45 / height))
 
-    handles = _draw_points(ax, points) + _draw_frontier(ax, points)
+    floors = _floors(pp, microbatches, costs, points)
+    handles = _draw_points(ax, points) + _draw_frontier(ax, points) + _draw_floors(ax, floors)
     _label_axes(ax, pp, microbatches, costs)
     ax.legend(
         handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False
@@ -184,7 +188,8 @@ def plot_frontier(
     # the numbers drawn, on the figure itself (a Figure takes new attributes; its stub has none)
     fig.points = points  # type: ignore[attr-defined]
     fig.skipped = skipped  # type: ignore[attr-defined]
-    fig._zb_summary = _summary(points, skipped, pp, microbatches)
+    fig.floors = floors  # type: ignore[attr-defined]
+    fig._zb_summary = _summary(points, skipped, pp, microbatches, floors)
     return fig
 
 
@@ -211,6 +216,42 @@ def _draw_points(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
             ax.plot(p.memory, p.bubble, marker, color=colour, ms=4.5, zorder=2, gid=gid)
         name = f"{label}, limits {mine[0].limit:g}-{mine[-1].limit:g}{star}"
         handles.append(Line2D([], [], marker=marker, color=colour, ms=4.5, label=name))
+    return handles
+
+
+def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[str, list]:
+    """The certified floor of each searched placement: at each peak x, the least bubble rate
+    any schedule of that placement can reach holding at most x (`_bounds.lower_bound` on its
+    longest span). Sampled on a grid, each value taken at the grid's next x, so the line stays
+    at or under the true floor; none where overlapped pairs save time (the bounds do not
+    count it)."""
+    placements = dict.fromkeys(p.label.rsplit("(", 1)[1][:-1] for p in points if p.limit)
+    if costs.overlap > 0 or not placements:
+        return {}
+    ideal = m * (costs.F + costs.I + costs.W)
+    low, high = min(p.memory for p in points), max(p.memory for p in points)
+    xs = sorted({low + (high - low) * i / 200 for i in range(201)} | {p.memory for p in points})
+    out = {}
+    for placement in placements:
+        where = stage_to_rank(placement, pp)
+        per = per_stage(costs, where)
+        spans = [_bounds.lower_bound(where, m, per, x, placement) for x in xs]
+        out[placement] = [
+            (x, max(0.0, 1 - ideal / span)) for x, span in zip(xs, spans, strict=True)
+        ]
+    return out
+
+
+def _draw_floors(ax: Any, floors: dict[str, list]) -> list[Line2D]:
+    """Each placement's floor, dashed in its first curve's colour; their legend handles."""
+    styles, handles = _styles(), []
+    for placement, floor in floors.items():
+        colour = next(c for label, (c, _) in styles.items() if label.endswith(f"({placement})"))
+        line: dict[str, Any] = dict(color=colour, lw=1.1, ls="--", alpha=0.8)
+        xs, ys = [x for x, _ in floor], [y for _, y in floor]
+        ax.step(xs, ys, where="pre", zorder=1, gid=f"floor:{placement}", **line)
+        label = f"certified floor ({placement}):\nno {placement} schedule below"
+        handles.append(Line2D([], [], label=label, **line))
     return handles
 
 
@@ -252,16 +293,29 @@ def _label_axes(ax: Any, pp: int, microbatches: int, costs: Costs) -> None:
     )
 
 
-def _summary(points: list[FrontierPoint], skipped: dict[str, str], pp: int, m: int) -> str:
-    """The figure's text form: what is drawn, what is on the frontier, what is not drawn."""
+def _summary(points: list[FrontierPoint], skipped: dict[str, str], pp: int, m: int, floors) -> str:
+    """The figure's text form: what is drawn, what is on the frontier, what is not drawn,
+    how far each search's curve is from its placement's floor."""
     labels = list(dict.fromkeys(p.label for p in points))
     on = list(dict.fromkeys(p.label for p in points if p.on_frontier))
     fixed = [p for p in points if p.limit is None]
     missing = [name + (" at some limits" if name in labels else "") for name in skipped]
-    searches = "/".join(r.name for r in RECORDS.values() if r.curves)
     return (
         f"bubble vs peak memory of {len(fixed)} schedules and {len(labels) - len(fixed)} "
-        f"{searches} curves, pp={pp}, m={m}; "
+        f"search curves, pp={pp}, m={m}; "
         f"frontier: {', '.join(on) or 'none'}"
         + (f"; not drawn (fig.skipped): {', '.join(missing)}" if skipped else "")
+        + _floor_line(points, floors)
     )
+
+
+def _floor_line(points: list[FrontierPoint], floors: dict[str, list]) -> str:
+    """How far each search's curve is above its placement's floor, at most (in bubble)."""
+    if not floors:
+        return "; no certified floor (overlapped pairs save time the bounds do not count)"
+    parts = []
+    for label in dict.fromkeys(p.label for p in points if p.limit):
+        at = dict(floors[label.rsplit("(", 1)[1][:-1]])
+        gap = max(p.bubble - at[p.memory] for p in points if p.label == label)
+        parts.append(f"{label} at most {gap:.1%} above")
+    return f"; certified floors (fig.floors), dashed: {', '.join(parts)}"

@@ -196,7 +196,7 @@ class ScheduleExplorer(Offline, w.VBox):
         rows += _limit_rows(name, limit, searched)
         # how far from the best any schedule of this placement could do in this memory
         rows.append(
-            ["how far from optimal", gap_line(max(sim.span), bound_for(sim.schedule, costs))]
+            ["how far from optimal", gap_line(max(sim.span), bound_for(sim.schedule, costs, sim))]
         )
         # the closed forms describe the fixed constructions, not what a search found
         cf = None if searched else bubble(name, pp, m, v, costs)
