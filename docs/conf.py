@@ -1,18 +1,7 @@
 """Sphinx configuration of zbkit's documentation site: ``make docs`` writes docs/_build/html.
 
-Why these tools:
-
-- **Sphinx**, for the API reference: autodoc reads the docstrings zbkit already has (one page
-  per public module, each listing the names in its ``__all__``), and ``-n`` checks every
-  reference between pages.
-- **MyST-NB**, for the tutorials: it renders ``notebooks/*.ipynb`` with the outputs, pictures
-  and ipywidgets state stored in them. ``nb_execution_mode = "off"``: a notebook is never
-  re-executed here (they start processes and take minutes; CI already runs them with nbval
-  against the very outputs shown). MyST also lets the pages be Markdown, as the README and
-  docs/architecture.md are.
-- Not **Jupyter Book**: it is a layer over these same two (Sphinx and MyST-NB) with its own
-  configuration file; zbkit needs nothing from it. Not MkDocs: its notebook and API plugins
-  would replace autodoc and MyST-NB with less exact ones.
+Why Sphinx with MyST-NB (and not Jupyter Book): docs/index.md, "How this site is built".
+The notebooks are rendered as stored, never executed (``nb_execution_mode = "off"``).
 
 The tutorials are ``docs/tutorials``, a link to ``../notebooks``: Sphinx reads only files under
 its source folder, and the notebooks stay where learners open them.

@@ -1,16 +1,16 @@
 """Data-parallel training: process-group setup, backends with gradient accumulation,
-and gradient averaging by hand.
+and gradient averaging by hand::
 
-from zbkit.parallel import create_backend, init_distributed
-init_distributed()                       # no-op inside zbkit.launch or a plain process
-backend = create_backend("ddp", grad_accum_steps=4)   # a name in BACKENDS: "single", "ddp", "fsdp"
-model, optimizer, loader, scheduler = backend.prepare(model, optimizer, loader, scheduler)
+    from zbkit.parallel import create_backend, init_distributed
+    init_distributed()                       # no-op inside zbkit.launch or a plain process
+    backend = create_backend("ddp", grad_accum_steps=4)  # BACKENDS: "single", "ddp", "fsdp"
+    model, optimizer, loader, scheduler = backend.prepare(model, optimizer, loader, scheduler)
 
-Pipeline x data parallelism (what zbkit.pipeline's runner uses):
+Pipeline x data parallelism (what zbkit.pipeline's runner uses)::
 
-pp_group, dp_group, pp_rank, dp_rank = pp_dp_groups(pp=2, dp=2)
-pending = average_gradients(stage.parameters(), dp_group, timeout=60, label="stage 1")
-pending.wait()                           # .grad is now the mean over the replicas
+    pp_group, dp_group, pp_rank, dp_rank = pp_dp_groups(pp=2, dp=2)
+    pending = average_gradients(stage.parameters(), dp_group, timeout=60, label="stage 1")
+    pending.wait()                           # .grad is now the mean over the replicas
 """
 
 from typing import Any
