@@ -70,7 +70,7 @@ def test_make_docs_fails_on_warnings_and_checks_references() -> None:
 
 # ---- the API reference ----------------------------------------------------------------------
 class _Anchors(HTMLParser):
-    """The ids of a page, the #fragments it links to, and its documented objects' bodies."""
+    """The ids of a page and the #fragments it links to."""
 
     def __init__(self) -> None:
         super().__init__()
