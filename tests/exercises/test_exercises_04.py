@@ -213,9 +213,7 @@ def _searches(cells: list[dict]) -> list[tuple[int, str, float, float, str, str]
         if c["cell_type"] != "code":
             continue
         out = _text(c)
-        for head in re.finditer(
-            r"zb-auto \((\w+)\), memory_limit=([\d.]+): lower bound ([\d.]+)", out
-        ):
+        for head in re.finditer(r"zb-auto \((\w+)\), limit ([\d.]+): lower bound ([\d.]+)", out):
             kept = re.search(
                 r"^kept (.+): span [\d.]+ (= the bound: optimal|> the bound)",
                 out[head.end() :],
@@ -300,3 +298,21 @@ def test_the_real_run_matches_the_simulation_everywhere(cells):
     assert len(rows) == 5 and all(row.endswith("match") for row in rows)
     zbv = next(row for row in rows if row.startswith("zb-v"))
     assert "run [4.0, 4.0, 4.0, 4.0]" in zbv  # one rank's share, split over its two chunks
+
+
+def test_the_gap_table_is_zb_auto_against_the_proven_optimum(cells):
+    # oracle: explain_auto for zb-auto and its bound; solve for the optimum where it is needed
+    from zbkit.schedules import solve
+
+    rows = _text(cells[_cell(cells, "how far zb-auto is from optimal")]).split("\n")[1:]
+    rows = [r for r in rows if r.strip()]
+    assert [float(r.split()[0]) for r in rows] == [3, 4, 4.5, 5, 6, 7, 8]
+    for row in rows:
+        limit, bound, auto, best, *said = row.split()
+        found = explain_auto(pp=P, microbatches=M, costs=SWEEP, memory_limit=float(limit))
+        assert float(bound) == pytest.approx(found.lower_bound)
+        assert float(auto) == pytest.approx(found.span)
+        if found.span > found.lower_bound + 1e-9:
+            proven = solve(pp=P, microbatches=M, costs=SWEEP, memory_limit=float(limit))
+            assert proven.optimal and float(best) == pytest.approx(proven.value)
+        assert (said == ["optimal"]) == (float(auto) <= float(best) + 1e-9), row
