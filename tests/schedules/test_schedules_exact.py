@@ -164,3 +164,58 @@ def test_every_schedule_is_told_how_far_from_optimal_it_can_be(capsys) -> None:
     dual = build_schedule("dualpipev", pp=4, microbatches=8)
     assert bound_for(dual, Costs(1, 1, 1, overlap=0.5)) is None
     assert bound_for(dual, Costs(1, 1, 1)) <= max(simulate(dual, Costs(1, 1, 1)).span)
+
+
+SMALL_COSTS = [
+    Costs(1, 1, 1),
+    Costs(1, 1.5, 0.5, comm=0.2),
+    Costs(1.85, 1.81, 0.93, comm=0.06, mem_weight=0.4),
+]
+
+
+def _small_settings():
+    """p 2-3, m 2-4, three cost sets, limits 0.75, 1 and 1.5 of 1F1B's peak (p); linear."""
+    for p, m, costs, share in itertools.product((2, 3), (2, 3, 4), SMALL_COSTS, (0.75, 1, 1.5)):
+        yield p, m, costs, share * p
+
+
+def test_lower_bound_is_at_least_90_percent_of_the_proven_optimum_on_small_settings() -> None:
+    worst = 1.0
+    for p, m, costs, limit in _small_settings():
+        found = solve_exact(pp=p, microbatches=m, costs=costs, memory_limit=limit)
+        assert found.optimal, (p, m, costs, limit)
+        bound = lower_bound(pp=p, microbatches=m, costs=costs, memory_limit=limit)
+        assert bound <= found.value + 1e-9, (p, m, costs, limit)  # certified
+        worst = min(worst, bound / found.value)
+    assert worst >= 0.9, f"the instant bound falls to {worst:.1%} of the optimum"
+
+
+def test_zb_auto_is_the_proven_optimum_where_it_solves_and_says_so(monkeypatch) -> None:
+    # every small setting (at most 48 actions): zb-auto's span is the optimum; its table's
+    # last line says so; without HiGHS the exact row says what to install
+    from zbkit.schedules import explain_auto
+
+    for p, m, costs, limit in _small_settings():
+        found = solve_exact(pp=p, microbatches=m, costs=costs, memory_limit=limit)
+        auto = explain_auto(pp=p, microbatches=m, costs=costs, memory_limit=limit)
+        assert max(simulate(auto.schedule, costs).span) == pytest.approx(found.value, abs=1e-9)
+        assert auto.lower_bound == pytest.approx(found.value, abs=1e-6)
+        assert "how far from optimal: optimal" in repr(auto), (p, m, costs, limit)
+    monkeypatch.setitem(sys.modules, "highspy", None)  # as if not installed
+    costs = Costs(1, 1.5, 0.5, comm=0.2)
+    plain = explain_auto(pp=3, microbatches=4, costs=costs, memory_limit=2.5)
+    row = next(t for t in plain.tried if t.candidate.name == "exact (HiGHS)")
+    assert row.note == "not run: needs HiGHS (pip install 'zbkit[exact]')"
+
+
+def test_zb_opt_is_the_solvers_schedule_by_name() -> None:
+    costs = Costs(1, 1.5, 0.5, comm=0.2)
+    found = solve_exact(pp=3, microbatches=4, costs=costs, memory_limit=2.25)
+    named = build_schedule("zb-opt", pp=3, microbatches=4, costs=costs, memory_limit=2.25)
+    assert named.name == "zb-opt" and max(simulate(named, costs).span) == pytest.approx(found.value)
+    with pytest.raises(ValueError, match=r"zb-opt: 192 actions .* > 96.*use zb-auto"):
+        build_schedule("zb-opt", pp=4, microbatches=16)
+    with pytest.raises(ValueError, match="time_limit must be a number of seconds > 0"):
+        build_schedule("zb-opt", pp=2, microbatches=2, time_limit=0)
+    with pytest.raises(ValueError, match="placement must be 'linear' or 'v'"):
+        build_schedule("zb-opt", pp=2, microbatches=2, placement="looped")
