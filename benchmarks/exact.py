@@ -1,18 +1,23 @@
 """The exact solver: how long a proof takes, how far zb-auto is from the optimum, how tight the
 instant bound is.
 
-For a grid of small settings (p 2-4, m 2-8, three cost sets, three memory limits, linear
-placement) it solves each to optimality (`solve`, 60 s each) and prints the solve time, the
-proven optimum, zb-auto's longest rank span beside it (its gap) and `lower_bound`'s share of
-the optimum. Then the bound's time at larger sizes (budget: under 2 s at pp=32, m=256).
+For a grid of small settings (p 2-4, m 2-8, three cost sets, three memory limits; the linear
+placement, and the V for p <= 3) it solves each (`solve`, 60 s each) and prints the solve
+time, the optimum (or the best found and its proven bound), zb-auto's longest rank span
+beside it (its gap; zb-auto solves settings of at most 48 actions itself) and `lower_bound`'s
+share of the optimum. Then the bound against zb-auto at larger sizes, where nothing is
+proven (the bound's share of zb-auto's span is a floor on its share of the optimum), and its
+time (budget: under 2 s at pp=32, m=256).
 Budgets (issue 24): every setting proven within 60 s; the bound at least 90% of the optimum.
 
-    .venv/bin/python benchmarks/exact.py            # the whole grid (minutes)
-    .venv/bin/python benchmarks/exact.py --quick    # p <= 3, m <= 4
+    .venv/bin/python benchmarks/exact.py                 # the whole grid (tens of minutes)
+    .venv/bin/python benchmarks/exact.py --quick         # p <= 3, m <= 4
+    .venv/bin/python benchmarks/exact.py --placement v   # one placement's rows only
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -26,40 +31,60 @@ COSTS = {
 LIMITS = (0.75, 1.0, 1.5)  # times 1F1B's peak (p rank-microbatches)
 
 
-def main(quick: bool) -> int:
-    sizes = [(p, m) for p in (2, 3, 4) for m in (2, 4, 8) if not quick or (p <= 3 and m <= 4)]
-    print(f"{'p':>2} {'m':>2} {'costs':<14} {'limit':>5} {'solve s':>8} {'optimum':>9} "
-          f"{'zb-auto':>8} {'gap':>6} {'bound/opt':>9}")  # fmt: skip
-    slow, loose, worse = 0, 0, 0
-    for p, m in sizes:
+def _sizes(placement: str, quick: bool) -> list[tuple[int, int]]:
+    ranks = (2, 3, 4) if placement == "linear" else (2, 3)
+    return [(p, m) for p in ranks for m in (2, 4, 8) if not quick or (p <= 3 and m <= 4)]
+
+
+def _row(p: int, m: int, label: str, limit: float, placement: str, counts: dict) -> None:
+    costs = COSTS[label]
+    head = f"{placement:<6} {p:>2} {m:>2} {label:<14} {limit:>5.3g}"
+    try:
+        found = solve(pp=p, microbatches=m, costs=costs, memory_limit=limit, placement=placement)
+    except ValueError:  # nothing fits this limit
+        print(f"{head}  no schedule fits")
+        return
+    try:
+        auto = build_schedule("zb-auto", pp=p, microbatches=m, costs=costs, memory_limit=limit,
+                              placement=placement)  # fmt: skip
+        span = max(simulate(auto, costs).span)
+    except ValueError:
+        span = float("nan")
+    bound = lower_bound(pp=p, microbatches=m, costs=costs, memory_limit=limit, placement=placement)
+    gap = span / found.value - 1
+    counts["rows"] += 1
+    counts["slow"] += not found.optimal
+    counts["loose"] += found.optimal and bound < 0.9 * found.value
+    counts["worse"] += found.optimal and gap > 1e-9
+    mark = "" if found.optimal else f"  (not proven: >= {found.lower_bound:.4g})"
+    print(f"{head} {found.seconds:>8.2f} {found.value:>9.4g} {span:>8.4g} {gap:>6.1%} "
+          f"{bound / found.value:>9.1%}{mark}", flush=True)  # fmt: skip
+
+
+def main(quick: bool, placements: list[str]) -> int:
+    print(f"{'place':<6} {'p':>2} {'m':>2} {'costs':<14} {'limit':>5} {'solve s':>8} "
+          f"{'optimum':>9} {'zb-auto':>8} {'gap':>6} {'bound/opt':>9}")  # fmt: skip
+    counts = dict(rows=0, slow=0, loose=0, worse=0)
+    for placement in placements:
+        for p, m in _sizes(placement, quick):
+            for label in COSTS:
+                for share in LIMITS:
+                    _row(p, m, label, share * p, placement, counts)
+    print(
+        f"\n{counts['rows']} settings; not proven within 60 s: {counts['slow']}; bound under "
+        f"90% of a proven optimum: {counts['loose']}; zb-auto above a proven optimum: "
+        f"{counts['worse']}"
+    )
+    print("\nthe bound at larger sizes, against zb-auto (a floor on its share of the optimum):")
+    for p, m in ((8, 32), (16, 64)):
         for label, costs in COSTS.items():
             for share in LIMITS:
-                limit = share * p
-                try:
-                    found = solve(pp=p, microbatches=m, costs=costs, memory_limit=limit)
-                except ValueError:  # nothing fits this limit
-                    print(f"{p:>2} {m:>2} {label:<14} {limit:>5.3g}  no schedule fits")
-                    continue
-                try:
-                    auto = build_schedule(
-                        "zb-auto", pp=p, microbatches=m, costs=costs, memory_limit=limit
-                    )
-                    span = max(simulate(auto, costs).span)
-                except ValueError:
-                    span = float("nan")
-                bound = lower_bound(pp=p, microbatches=m, costs=costs, memory_limit=limit)
-                gap = span / found.value - 1
-                slow += not found.optimal
-                loose += bound < 0.9 * found.value
-                worse += gap > 1e-9
-                mark = "" if found.optimal else "  (not proven)"
-                print(f"{p:>2} {m:>2} {label:<14} {limit:>5.3g} {found.seconds:>8.2f} "
-                      f"{found.value:>9.4g} {span:>8.4g} {gap:>6.1%} "
-                      f"{bound / found.value:>9.1%}{mark}")  # fmt: skip
-    print(
-        f"\nnot proven within 60 s: {slow}; bound under 90% of the optimum: {loose}; "
-        f"zb-auto above the optimum: {worse}"
-    )
+                auto = build_schedule("zb-auto", pp=p, microbatches=m, costs=costs,
+                                      memory_limit=share * p)  # fmt: skip
+                span = max(simulate(auto, costs).span)
+                bound = lower_bound(pp=p, microbatches=m, costs=costs, memory_limit=share * p)
+                print(f"  p={p:>2} m={m:>3} {label:<14} limit {share:g}p: "
+                      f"bound/zb-auto {bound / span:.1%}")  # fmt: skip
     for p, m in ((8, 64), (16, 128), (32, 256)):
         started = time.perf_counter()
         lower_bound(pp=p, microbatches=m, costs=COSTS["paper-like"])
@@ -68,4 +93,8 @@ def main(quick: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main("--quick" in sys.argv))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="p <= 3, m <= 4")
+    parser.add_argument("--placement", choices=("linear", "v"), action="append")
+    args = parser.parse_args()
+    sys.exit(main(args.quick, args.placement or ["linear", "v"]))

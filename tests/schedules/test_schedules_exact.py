@@ -219,3 +219,20 @@ def test_zb_opt_is_the_solvers_schedule_by_name() -> None:
         build_schedule("zb-opt", pp=2, microbatches=2, time_limit=0)
     with pytest.raises(ValueError, match="placement must be 'linear' or 'v'"):
         build_schedule("zb-opt", pp=2, microbatches=2, placement="looped")
+
+
+def test_the_warm_start_is_the_solvers_first_incumbent() -> None:
+    # a node cap of 1 leaves the solver little more than its start: from the construction's
+    # 24.9 (optimal here) it must not come back worse (it did while setting the objective
+    # after the start dropped it: 26.2)
+    from zbkit.schedules._candidates import CANDIDATES, Problem
+    from zbkit.schedules.costs import per_stage
+    from zbkit.schedules.exact import prove
+
+    costs = Costs(1, 1.5, 0.5, comm=0.2)
+    per = per_stage(costs, [0, 1])
+    construction = next(c for c in CANDIDATES["linear"] if c.name == "construction")
+    start = Schedule(construction.build(Problem(2, 8, per, 3.0, "linear")), [0, 1], 8)
+    assert max(simulate(start, costs).span) == pytest.approx(24.9)
+    found = prove([0, 1], 8, per, 3.0, "linear", warm=start, max_nodes=1)
+    assert found.value <= 24.9 + 1e-9

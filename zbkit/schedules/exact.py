@@ -290,10 +290,12 @@ def prove(
     from zbkit.schedules import _bounds
 
     h.addConstr(goal >= _bounds.lower_bound(where, m, per, limit, placement))
+    # the objective first: setting it afterwards (`minimize(goal)`) drops a given solution
+    h.setObjective(goal, highspy.ObjSense.kMinimize)
     if warm is not None:
         _warm_start(h, highspy, model, t, before, goal, warm, per)
     started = time.perf_counter()
-    h.minimize(goal)
+    h.solve()
     seconds = time.perf_counter() - started
     status = h.getModelStatus()
     if h.getInfo().primal_solution_status != 2:  # no feasible order found
@@ -378,6 +380,7 @@ def _warm_start(h, highspy, model, t, before, goal, warm: Schedule, per) -> None
     values[goal.index] = max(sim.span)  # the objective variable: an upper bound is enough
     solution = highspy.HighsSolution()
     solution.col_value = values
+    solution.value_valid = True  # a complete primal solution
     h.setSolution(solution)
 
 
