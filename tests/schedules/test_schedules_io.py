@@ -13,12 +13,15 @@ from zbkit.schedules import (
     simulate,
     validate,
 )
+from zbkit.schedules.catalog import RECORDS
 from zbkit.schedules.cli import main as cli_main
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+# a proof (zb-opt) is one of many optimal orders, whichever HiGHS meets first: it is checked
+# by its value (tests/schedules/test_schedules_exact.py), not against a file
+@pytest.mark.parametrize("name", [n for n in SCHEDULES if RECORDS[n].largest is None])
 def test_builders_match_golden_files(name):
     # golden files are the reviewed output of each builder (p=3, m=6): a change shows as a diff
     built = build_schedule(name, pp=3, microbatches=6)
