@@ -236,3 +236,31 @@ def test_the_warm_start_is_the_solvers_first_incumbent() -> None:
     assert max(simulate(start, costs).span) == pytest.approx(24.9)
     found = prove([0, 1], 8, per, 3.0, "linear", warm=start, max_nodes=1)
     assert found.value <= 24.9 + 1e-9
+
+
+def test_zb_opt_in_the_cli_and_the_explorer_is_the_proof_not_zb_autos_search(capsys) -> None:
+    # the instant bound (27) is below the proven optimum (28.5) at p=4, m=8 under 3: only the
+    # solver's own bound can say "optimal", and the CLI says it for zb-opt's schedule
+    import argparse
+    import re
+
+    from zbkit.schedules.cli import add_arguments
+    from zbkit.schedules.cli import main as cli_main
+    from zbkit.widgets import ScheduleExplorer
+
+    costs = Costs(1, 1, 0.5, mem_weight=0.3)
+    assert lower_bound(pp=4, microbatches=8, costs=costs, memory_limit=3) == pytest.approx(27)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["zb-opt", "--pp", "4", "--microbatches", "8", "--costs", "1,1,0.5,0,1,0.3"]
+    assert cli_main(parser.parse_args([*argv, "--memory-limit", "3"])) == 0
+    out = capsys.readouterr().out
+    assert "longest rank span 28.5: optimal (it reaches the lower bound 28.5)" in out
+    assert "kept:" not in out  # no candidates: a proof
+    named = build_schedule("zb-opt", pp=4, microbatches=8, costs=costs, memory_limit=3)
+    explorer = ScheduleExplorer("zb-opt", pp=4, microbatches=8, costs=costs, memory_limit=3)
+    assert explorer.error is None and explorer.simulation.schedule.name == "zb-opt"
+    # one of the optimal orders (a proof's schedule may differ between equal-valued ones)
+    assert max(explorer.simulation.span) == pytest.approx(max(simulate(named, costs).span))
+    text = re.sub("<[^>]+>", " ", explorer.numbers.value)
+    assert "kept" not in text and "optimal (it reaches the lower bound 28.5)" in text

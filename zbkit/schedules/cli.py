@@ -75,8 +75,8 @@ def _searches(args: argparse.Namespace) -> bool:
     return RECORDS[args.name].searching(given)
 
 
-def _search(args: argparse.Namespace, costs: Costs) -> tuple[Schedule, Candidate]:
-    """Build by searching, and say which candidate was kept."""
+def _search(args: argparse.Namespace, costs: Costs) -> tuple[Schedule, Candidate | None]:
+    """Build by searching, and say which of zb-auto's candidates was kept (a proof: none)."""
     found = RECORDS[args.name]
     if "placement" in found.options:
         placement = args.placement or found.options["placement"]
@@ -85,13 +85,10 @@ def _search(args: argparse.Namespace, costs: Costs) -> tuple[Schedule, Candidate
         raise ValueError(f"{args.name}: its placement is {where}; drop --placement")
     else:
         placement = found.placement
-    searched = explain_auto(
-        pp=args.pp,
-        microbatches=args.microbatches,
-        costs=costs,
-        memory_limit=args.memory_limit,
-        placement=placement,
-    )
+    given = dict(costs=costs, memory_limit=args.memory_limit, placement=placement)
+    if found.largest is not None:  # a proof (zb-opt), not zb-auto's search: nothing "kept"
+        return build_schedule(args.name, pp=args.pp, microbatches=args.microbatches, **given), None
+    searched = explain_auto(pp=args.pp, microbatches=args.microbatches, **given)
     searched.schedule.name = args.name
     return searched.schedule, searched.chosen
 

@@ -92,7 +92,24 @@ def bound_for(
     if paired and any(c.overlap for c in per):
         return None
     placement = next((p for p in ("linear", "v") if where == stage_to_rank(p, schedule.pp)), None)
-    return _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement)
+    bound = _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement)
+    return max(bound, _proven(schedule, per, max(sim.peak_memory)))
+
+
+def _proven(schedule: Schedule, per: list[Costs], peak: float) -> float:
+    """The solver's proven bound where this is a schedule it solved (zb-opt's, kept) for
+    these costs under a limit it stays under; else 0."""
+    for (pp, m, costs, limit, _, _), found in _RECENT.items():
+        if (
+            found.objective == "span"
+            and list(costs) == per
+            and (pp, m) == (schedule.pp, schedule.microbatches)
+            and found.schedule.stage_to_rank == schedule.stage_to_rank
+            and found.schedule.program == schedule.program
+            and peak <= limit + 1e-9
+        ):
+            return found.lower_bound
+    return 0.0
 
 
 def _quiet(make):
@@ -224,13 +241,16 @@ def optimum(
     """`solve`'s schedule named `name` (zb-opt), the last few kept: a proof takes seconds."""
     if not isinstance(time_limit, int | float) or isinstance(time_limit, bool) or time_limit <= 0:
         raise ValueError(f"{name}: time_limit must be a number of seconds > 0, got {time_limit!r}")
-    where = stage_to_rank(placement, pp) if placement in ("linear", "v") else None
-    per = tuple(per_stage(costs, where, name)) if where else costs
-    key = (pp, m, per, memory_limit, placement, float(time_limit))
+    if placement not in ("linear", "v"):
+        raise ValueError(f"{name}: placement must be 'linear' or 'v', got {placement!r}")
+    where = stage_to_rank(placement, pp)
+    per = per_stage(costs, where, name)
+    limit = one_f_one_b_peak(where, per) if memory_limit is None else memory_limit
+    key = (pp, m, tuple(per), limit, placement, float(time_limit))
     if key not in _RECENT:
         _RECENT[key] = solve(
-            pp=pp, microbatches=m, costs=costs, memory_limit=memory_limit,
-            placement=placement, time_limit=time_limit,
+            pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement,
+            time_limit=time_limit,
         )  # fmt: skip
         while len(_RECENT) > _KEPT:
             _RECENT.pop(next(iter(_RECENT)))

@@ -14,6 +14,7 @@ shows when it is chosen. Built schedules are cached by every argument the builde
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as w
@@ -91,6 +92,7 @@ class ScheduleExplorer(Offline, w.VBox):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule {schedule!r} unknown; choose one of {SCHEDULES}")
         costs = costs if costs is not None else Costs(1.0, 1.0, 1.0, comm=0.0)
+        self._given = costs  # what the sliders do not set (memory weights, overlap) stays
         self.controls = _controls(schedule, pp, microbatches, costs, memory_limit, placement)
         for name, control in self.controls.items():
             # wide tracks (a 64 px slider made pp jump 4 -> 16 in one drag), labels never cut
@@ -123,8 +125,10 @@ class ScheduleExplorer(Offline, w.VBox):
         return self.figure.to_png(dpi=_DPI) if self.figure is not None else None
 
     def costs(self) -> Costs:
+        """The sliders' F, I, W and comm; the memory fields and overlap as given (no sliders)."""
         c = self.controls
-        return Costs(c["F"].value, c["I"].value, c["W"].value, comm=c["comm"].value)
+        return replace(self._given, F=c["F"].value, I=c["I"].value, W=c["W"].value,
+                       comm=c["comm"].value)  # fmt: skip
 
     def redraw(self) -> None:
         with self.out:
@@ -179,7 +183,10 @@ class ScheduleExplorer(Offline, w.VBox):
         if key not in self._built:
             if len(self._built) >= 64:
                 self._built.clear()  # a slider sweep should not grow memory without bound
-            if options:  # a search: say which candidate it kept
+            if options and RECORDS[name].largest is not None:  # a proof (zb-opt): no candidates
+                built = build_schedule(name, pp=pp, microbatches=m, **options)
+                self._built[key] = (built, None)
+            elif options:  # zb-auto's search: say which candidate it kept
                 found = explain_auto(pp=pp, microbatches=m, **options)
                 found.schedule.name = name  # zb-v's V search is still zb-v
                 self._built[key] = (found.schedule, found.chosen)
