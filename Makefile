@@ -90,4 +90,4 @@ docs: setup
 	$(PY) -m sphinx $(SPHINXOPTS) docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) .pytest_cache build dist docs/_build *.egg-info

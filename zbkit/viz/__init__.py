@@ -4,7 +4,7 @@
 matplotlib `Figure` (made without pyplot, so nothing leaks and no `plt.show()` is needed).
 Chrome / Perfetto export of a measured run: `zbkit.pipeline.trace.Trace.to_chrome`.
 
-The core install (`pip install zbkit`) has graphviz but not matplotlib: `draw_graph` and
+The core install (`pip install -e .` from a clone) has graphviz but not matplotlib: `draw_graph` and
 `timeline` work there, and the plots are imported on first use, so that without matplotlib
 they raise one ImportError naming the extra to install.
 """

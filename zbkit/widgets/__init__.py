@@ -4,7 +4,7 @@ Every widget is an `ipywidgets.VBox`: display it, or drive it from code (the tes
 They need the notebook stack: `pip install 'zbkit[notebook]'`.
 """
 
-try:  # the core install (`pip install zbkit`) has none of these: say which extra brings them
+try:  # the core install (no extras) has none of these: say which extra brings them
     import IPython  # noqa: F401
     import ipywidgets  # noqa: F401
     import matplotlib  # noqa: F401
