@@ -9,50 +9,24 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from notebook_cells import cell_by_id, cell_source, cell_stdout, next_cell, read_cells
 
 import zbkit
 from zbkit.schedules import Costs, build_schedule, explain_auto, simulate
 from zbkit.schedules.paper import TABLE6
 from zbkit.viz import plot_schedule
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-
-
-def _cells(name: str) -> list[dict]:
-    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
-def _cell(cells: list[dict], cell_id: str) -> dict:
-    return next(c for c in cells if c["id"] == cell_id)
-
-
-def _text(cell: dict) -> str:
-    """A code cell's stored stdout."""
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
-
-
-def _after(cells: list[dict], cell_id: str, kind: str) -> dict:
-    """The first cell of `kind` after the cell `cell_id`."""
-    i = next(i for i, c in enumerate(cells) if c["id"] == cell_id)
-    return next(c for c in cells[i + 1 :] if c["cell_type"] == kind)
-
 
 def test_03_zb_v_picture_names_each_box_chunk_and_kind():
-    cells = _cells("03_schedules_and_bubbles")
+    cells = read_cells("03_schedules_and_bubbles")
     space: dict = {}
-    exec(_source(_cell(cells, "4f980069")), space)  # the imports, p and m
-    *body, last = _source(_cell(cells, "31c9f38c")).strip().splitlines()
+    exec(cell_source(cell_by_id(cells, "4f980069")), space)  # the imports, p and m
+    *body, last = cell_source(cell_by_id(cells, "31c9f38c")).strip().splitlines()
     exec("\n".join(body), space)
     fig = eval(last, space)  # the picture the notebook shows
     sim = simulate(space["zbv"], space["unit"])  # one Costs for every schedule (no halving)
@@ -62,14 +36,14 @@ def test_03_zb_v_picture_names_each_box_chunk_and_kind():
     )
     assert said == Counter((e.rank, e.label) for e in sim.events)
     # and the text says how to read it: light chunk down, dark chunk back up
-    text = _source(_cell(cells, "80b5bc54"))
+    text = cell_source(cell_by_id(cells, "80b5bc54"))
     assert "light" in text and "dark blue F, dark teal I, dark\ngreen W" in text
 
 
 def _paper_rows(cells: list[dict]) -> list[tuple[str, int, int, Costs]]:
     """(model, m, p, costs) of each row of the paper-times table: the rows it printed, the
     times from the paper's Table 6 (zbkit.schedules.paper, which the cell reads)."""
-    printed = _text(_cell(cells, "b8d18663")).splitlines()
+    printed = cell_stdout(cell_by_id(cells, "b8d18663")).splitlines()
     rows = []
     for line in printed[1:]:
         if " zbkit " in line:
@@ -81,11 +55,11 @@ def _paper_rows(cells: list[dict]) -> list[tuple[str, int, int, Costs]]:
 
 
 def test_03_zb_1p_is_zb_h1_because_zb_h1_reaches_the_lower_bound():
-    cells = _cells("03_schedules_and_bubbles")
-    printed = _text(_cell(cells, "b8d18663")).splitlines()
+    cells = read_cells("03_schedules_and_bubbles")
+    printed = cell_stdout(cell_by_id(cells, "b8d18663")).splitlines()
     assert printed[0].split() == ["model", "m", "1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p"]
     rows = _paper_rows(cells)
-    assert "TABLE6" in _source(_cell(cells, "b8d18663"))  # the paper's times, as quoted
+    assert "TABLE6" in cell_source(cell_by_id(cells, "b8d18663"))  # the paper's times, as quoted
     assert len(printed) == 1 + 2 * len(rows) == 9  # each row: zbkit's, then the paper's
     ours = [line for line in printed[1:] if " zbkit " in line]
     for line, (model, mb, pp, costs) in zip(ours, rows, strict=True):
@@ -102,9 +76,9 @@ def test_03_zb_1p_is_zb_h1_because_zb_h1_reaches_the_lower_bound():
         h1 = simulate(build_schedule("zb-h1", pp=pp, microbatches=mb), costs)
         assert f"{h1.bubble_rate:.4f}" == rates[1] == rates[3]
     # the notebook says so, and shows the search that says so
-    why = _after(cells, "b8d18663", "markdown")
-    assert "ZB-1p column equals ZB-H1" in _source(why) and "lower bound" in _source(why)
-    shown = _text(_cell(cells, "zb1p-explain"))
+    why = next_cell(cells, cell_by_id(cells, "b8d18663"))
+    assert "ZB-1p column equals ZB-H1" in cell_source(why) and "lower bound" in cell_source(why)
+    shown = cell_stdout(cell_by_id(cells, "zb1p-explain"))
     assert re.search(r"^-> ZB-H1 +span +1310\.41 +peak +8 +fits$", shown, re.M), shown
     assert shown.count("not run: ZB-H1 reaches the lower bound") == len(search.tried) - 1
     assert "with 7.5 activations ZB-H1 does not fit; kept greedy" in shown
@@ -121,11 +95,11 @@ def _plot_call(source: str) -> ast.Call:
 
 
 def test_08_dashed_outlines_the_text_names_are_drawn():
-    cells = _cells("08_torch_pipelining")
-    call = _plot_call(_source(_cell(cells, "fef17b0e")))
+    cells = read_cells("08_torch_pipelining")
+    call = _plot_call(cell_source(cell_by_id(cells, "fef17b0e")))
     literal = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg != "simulation"}
     assert "simulation" in {k.arg for k in call.keywords}
-    assert "dashed outline" in _source(_after(cells, "fef17b0e", "markdown"))
+    assert "dashed outline" in cell_source(next_cell(cells, cell_by_id(cells, "fef17b0e")))
     # the same call on a run 10% slower than its simulation: outlines, dashed, one per action
     sim = simulate(build_schedule("zb-v", pp=2, microbatches=4), Costs(1, 1, 1))
     slower = [e._replace(start=1.1 * e.start, end=1.1 * e.end) for e in sim.events]
@@ -152,21 +126,21 @@ def test_08_torch_error_is_shown_whole():
         torch_stage.stage_backward_weight(params, groups)
     message = " ".join(str(caught.value).split())
     assert len(message) > 90  # what the notebook used to cut
-    shown = " ".join(_text(_cell(_cells("08_torch_pipelining"), "a675c013")).split())
+    shown = " ".join(cell_stdout(cell_by_id(read_cells("08_torch_pipelining"), "a675c013")).split())
     assert shown == f"torch's split backward fails: {message}"
 
 
 def test_08_hang_demo_runs_from_an_installed_zbkit():
-    cells = _cells("08_torch_pipelining")
-    code = "\n".join(_source(c) for c in cells if c["cell_type"] == "code")
+    cells = read_cells("08_torch_pipelining")
+    code = "\n".join(cell_source(c) for c in cells if c["cell_type"] == "code")
     assert "tests" not in re.findall(r"[\"'](\w+)[\"']", code)  # no path into the repo's tests
-    cell = _cell(cells, "91f92900")
-    assert '"-m", "zbkit.debug_demo"' in _source(cell)
+    cell = cell_by_id(cells, "91f92900")
+    assert '"-m", "zbkit.debug_demo"' in cell_source(cell)
     # the module the notebook runs lives in the package, not beside it
     spec = importlib.util.find_spec("zbkit.debug_demo")
     assert spec is not None and spec.origin is not None
     assert Path(spec.origin).parent == Path(zbkit.__file__).parent
-    shown = _text(cell)
+    shown = cell_stdout(cell)
     assert "torchrun failed: True" in shown
     assert "rank 0  0F0 [0B0] 0F1  0B1  <-- WAITING HERE" in shown
     assert "rank 1  1F0  1B0 [1F1] 1B1  <-- WAITING HERE" in shown

@@ -9,40 +9,22 @@ hand (issue 22: a `Costs` is a rank's share; chunks split it).
 from __future__ import annotations
 
 import ast
-import json
 import re
-from pathlib import Path
+
+from notebook_cells import cell_by_id, cell_source, cell_stdout, read_cells
 
 from zbkit.schedules import Costs, build_schedule, simulate
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_schedules_and_bubbles.ipynb"
+CELLS = read_cells("03_schedules_and_bubbles")  # read once: no test changes a cell
 P, M = 4, 8
 UNIT = Costs(F=1, I=1, W=1)
-
-
-def _cells() -> list[dict]:
-    return json.loads(NOTEBOOK.read_text())["cells"]
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
-def _cell(cell_id: str) -> dict:
-    return next(c for c in _cells() if c["id"] == cell_id)
-
-
-def _text(cell_id: str) -> str:
-    """A code cell's stored stdout."""
-    return "".join("".join(o.get("text", "")) for o in _cell(cell_id)["outputs"])
 
 
 def _figure(cell_id: str) -> str:
     """The text/plain of a cell's stored figure: '<ZbFigure ...: makespan 12, bubble 75.0%>'."""
     plains = [
         "".join(o["data"]["text/plain"])
-        for o in _cell(cell_id)["outputs"]
+        for o in cell_by_id(CELLS, cell_id)["outputs"]
         if "image/png" in o.get("data", {})
     ]
     assert len(plains) == 1, cell_id
@@ -51,7 +33,7 @@ def _figure(cell_id: str) -> str:
 
 def _prose(cell_id: str) -> str:
     """A markdown cell's text with line breaks as spaces."""
-    return " ".join(_source(_cell(cell_id)).split())
+    return " ".join(cell_source(cell_by_id(CELLS, cell_id)).split())
 
 
 def _sim(name: str, m: int = M, **options: object) -> object:
@@ -61,7 +43,7 @@ def _sim(name: str, m: int = M, **options: object) -> object:
 def test_naive_split_keeps_one_device_busy_at_a_time():
     naive = _sim("gpipe", m=1)
     assert naive.bubble_rate == (P - 1) / P
-    printed = _text("why-naive")
+    printed = cell_stdout(cell_by_id(CELLS, "why-naive"))
     assert printed.startswith(
         f"rank 0 works {naive.busy[0]:g} of its span of {naive.span[0]:g} time units: "
         f"bubble {(P - 1) / P:.0%}, (p-1)/p = {(P - 1) / P:.0%}"
@@ -77,7 +59,7 @@ def test_memory_table_and_the_text_beside_it():
     state = 16 * params / 2**30  # GiB, Adam in mixed precision
     rows = {
         line[:17].strip(): line[17:].split()
-        for line in _text("why-memory").splitlines()
+        for line in cell_stdout(cell_by_id(CELLS, "why-memory")).splitlines()
         if line.endswith(("step)", "layer", "boundary"))
     }
     assert rows["data parallel"][:2] == [f"{state:g}", "GiB"]
@@ -92,7 +74,7 @@ def test_memory_table_and_the_text_beside_it():
 
 
 def test_m_sweep_is_the_simulator_and_the_formula():
-    lines = _text("m-sweep").splitlines()
+    lines = cell_stdout(cell_by_id(CELLS, "m-sweep")).splitlines()
     assert lines[0].split() == ["m", "microbatch", "1F1B", "(p-1)/(m+p-1)", "(p-1)/m", "ZB-H1",
                                 "closed", "form"]  # fmt: skip
     rows = {int(line.split()[0]): line.split()[1:] for line in lines[1:]}
@@ -112,14 +94,14 @@ def test_m_sweep_is_the_simulator_and_the_formula():
 
 
 def _table() -> dict[str, list[str]]:
-    lines = _text("interleaved-bfs").splitlines()
+    lines = cell_stdout(cell_by_id(CELLS, "interleaved-bfs")).splitlines()
     return {line.split()[0]: line.split()[1:] for line in lines[1:]}
 
 
 def test_interleaved_placement_picture_and_table():
     inter = build_schedule("interleaved-1f1b", pp=P, microbatches=M)
     assert inter.stage_to_rank == [s % P for s in range(2 * P)]  # round robin
-    printed = _text("interleaved-plot")
+    printed = cell_stdout(cell_by_id(CELLS, "interleaved-plot"))
     assert f"stage -> rank: {inter.stage_to_rank}" in printed
     assert "each chunk: Costs(F=0.5, I=0.5, W=0.5," in printed  # Costs.share(2), not by hand
     sim = simulate(inter, UNIT)
@@ -165,44 +147,44 @@ def test_zb_v_is_compared_on_the_same_model():
 
 
 def test_closed_forms_match_the_simulator_interleaved_included():
-    blocks = _text("cff881a8").split("F=")[1:]
+    blocks = cell_stdout(cell_by_id(CELLS, "cff881a8")).split("F=")[1:]
     assert len(blocks) == 2
     for block in blocks:
         rows = {line.split()[0]: line.split()[1:] for line in block.splitlines()[2:]}
         assert "interleaved-1f1b" in rows
         for name, (simulated, form) in rows.items():
             assert form in ("-", simulated), (name, simulated, form)
-    table = _source(_cell("e7b20852"))
+    table = cell_source(cell_by_id(CELLS, "e7b20852"))
     assert "| interleaved 1F1B | (p-1)(F+I+W)/v |" in table
     assert "work =\nm(F+I+W) whatever the number of chunks" in table
 
 
 def test_one_costs_for_every_schedule():
     # no cell halves the costs by hand: no Costs built from a division, no F or I of 0.5
-    for cell in _cells():
+    for cell in CELLS:
         if cell["cell_type"] == "markdown":
-            text = _source(cell)
+            text = cell_source(cell)
             assert "F = I = W = 0.5" not in text and "m·v·(F+I+W)" not in text, cell["id"]
             continue
-        for node in ast.walk(ast.parse(_source(cell))):
+        for node in ast.walk(ast.parse(cell_source(cell))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Costs":
                 times = [
                     *node.args[:3],
                     *(k.value for k in node.keywords if k.arg in ("F", "I", "W")),
                 ]
                 divided = [n for t in times for n in ast.walk(t) if isinstance(n, ast.BinOp)]
-                assert not divided, _source(cell)
+                assert not divided, cell_source(cell)
                 halves = [*node.args[:2], *(k.value for k in node.keywords if k.arg in ("F", "I"))]
-                assert not any(getattr(v, "value", None) == 0.5 for v in halves), _source(cell)
-        assert "half" not in _source(cell), cell["id"]
+                assert not any(getattr(v, "value", None) == 0.5 for v in halves), cell_source(cell)
+        assert "half" not in cell_source(cell), cell["id"]
 
 
 def test_paper_rows_stand_under_zbkits_and_the_text_says_where_they_differ():
     # the oracle: the paper's Table 5 as quoted in zbkit.schedules.paper, and the text's claim
     from zbkit.schedules.paper import TABLE5
 
-    cell = next(c for c in _cells() if "TABLE5[model, mb]" in _source(c))
-    lines = _text(cell["id"]).splitlines()[1:]
+    cell = next(c for c in CELLS if "TABLE5[model, mb]" in cell_source(c))
+    lines = cell_stdout(cell).splitlines()[1:]
     zbkit_rows = [line.split() for line in lines if " zbkit " in line]
     paper_rows = [line.split() for line in lines if " paper " in line]
     assert len(zbkit_rows) == len(paper_rows) == 4
@@ -212,7 +194,7 @@ def test_paper_rows_stand_under_zbkits_and_the_text_says_where_they_differ():
         assert ours[3:7] == theirs[1:5]  # 1F1B, ZB-H1, ZB-H2, ZB-1p: all four digits
         zb2p = float(ours[7])
         assert zb2p <= published[4], ours  # the search is never worse than the paper's ZB-2p
-    text = " ".join(_source(c) for c in _cells() if c["cell_type"] == "markdown")
+    text = " ".join(cell_source(c) for c in CELLS if c["cell_type"] == "markdown")
     assert "match the paper's to all four printed digits" in text
     first_equal = zbkit_rows[0][7] == paper_rows[0][5]
     rest_lower = all(

@@ -9,66 +9,47 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import torch
+from notebook_cells import cell_outputs, cell_source, next_cell, read_cells
 
 from zbkit.models import TransformerBlock
 from zbkit.splitgrad import analyze
 from zbkit.viz._colors import KIND_COLORS, SPLIT_COLOR
 from zbkit.viz.graph import output_shapes
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TEAL, GREEN = KIND_COLORS["I"], KIND_COLORS["W"]
 
 
-def _cells(name: str) -> list[dict]:
-    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
-
-
-def _text(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
-def _outputs(cell: dict, mime: str) -> str:
-    """Every output of `mime` (stream text for "stream") of a cell, joined."""
-    parts = []
-    for out in cell.get("outputs", []):
-        if mime == "stream" and out.get("output_type") == "stream":
-            parts.append("".join(out["text"]))
-        elif mime in out.get("data", {}):
-            data = out["data"][mime]
-            parts.append(data if isinstance(data, str) else "".join(data))
-    return "".join(parts)
-
-
 def _svgs(name: str) -> list[tuple[int, str]]:
-    return [(i, svg) for i, c in enumerate(_cells(name)) if (svg := _outputs(c, "image/svg+xml"))]
+    return [
+        (i, svg)
+        for i, c in enumerate(read_cells(name))
+        if (svg := cell_outputs(c, "image/svg+xml"))
+    ]
 
 
 def _markdown(name: str, upto: int) -> str:
-    return "\n".join(_text(c) for c in _cells(name)[: upto + 1] if c["cell_type"] == "markdown")
-
-
-def _after(name: str, index: int) -> str:
-    """The first markdown cell after cell `index`: the text a learner reads under an output."""
-    return next(_text(c) for c in _cells(name)[index + 1 :] if c["cell_type"] == "markdown")
+    return "\n".join(
+        cell_source(c) for c in read_cells(name)[: upto + 1] if c["cell_type"] == "markdown"
+    )
 
 
 def test_01_describes_the_collapsed_boxes_as_drawn_a_white_box_over_a_two_colour_bar():
-    cells = _cells("01_autograd_graph")
-    i = next(i for i, c in enumerate(cells) if "depth=1" in _text(c) and c["cell_type"] == "code")
-    svg = _outputs(cells[i], "image/svg+xml")
+    cells = read_cells("01_autograd_graph")
+    i = next(
+        i for i, c in enumerate(cells) if "depth=1" in cell_source(c) and c["cell_type"] == "code"
+    )
+    svg = cell_outputs(cells[i], "image/svg+xml")
     # HTML-label boxes: a white box whose bar cells are I's teal and W's green
     assert f'fill="{TEAL}"' in svg and f'fill="{GREEN}"' in svg and 'fill="white"' in svg
-    said = _after("01_autograd_graph", i)
+    said = cell_source(next_cell(cells, cells[i]))
     assert "two-colour bar" in said and "teal" in said and "green" in said
     assert "striped" not in _markdown("01_autograd_graph", len(cells))
 
 
 def test_drawings_name_ops_as_the_prints_do():
-    cells = _cells("01_autograd_graph")
+    cells = read_cells("01_autograd_graph")
     for name in ("01_autograd_graph", "02_split_backward"):
         for _, svg in _svgs(name):
             ops = re.findall(r">(\w*Backward\w*)<", svg)
@@ -76,7 +57,7 @@ def test_drawings_name_ops_as_the_prints_do():
     # notebook 01 prints the MLP's reverse graph under analyze's labels, then draws the same
     # graph: each printed name is a drawn name
     printed = next(
-        _outputs(c, "stream") for c in cells if "used by" in _outputs(c, "stream")
+        cell_outputs(c, "stream") for c in cells if "used by" in cell_outputs(c, "stream")
     ).splitlines()
     labels = {line.split(" -> ")[0].strip() for line in printed if " -> " in line}
     drawn_mlp = next(svg for _, svg in _svgs("01_autograd_graph") if "TBackward0#2" in svg)
@@ -86,7 +67,7 @@ def test_drawings_name_ops_as_the_prints_do():
 
 def test_counts_of_one_are_singular_in_every_output():
     for name in ("01_autograd_graph", "02_split_backward"):
-        for c in _cells(name):
+        for c in read_cells(name):
             shown = json.dumps(c.get("outputs", []))
             assert not re.search(r"\b1 (split points|param groups|groups|parameters)\b", shown)
     assert any("1 split point<" in svg for _, svg in _svgs("01_autograd_graph"))
@@ -95,13 +76,14 @@ def test_counts_of_one_are_singular_in_every_output():
 def test_red_split_borders_are_explained_at_the_first_drawing_showing_them():
     name = "01_autograd_graph"
     first = next(i for i, svg in _svgs(name) if f'stroke="{SPLIT_COLOR}"' in svg)
-    said = _markdown(name, first) + _after(name, first)
+    cells = read_cells(name)
+    said = _markdown(name, first) + cell_source(next_cell(cells, cells[first]))
     assert "red border" in said.lower() and "split point" in said
 
 
 def test_outputs_outside_i_is_explained_where_it_first_appears():
     name = "01_autograd_graph"
-    cells = _cells(name)
+    cells = read_cells(name)
     first = next(
         i for i, c in enumerate(cells) if "outputs outside I" in json.dumps(c.get("outputs", []))
     )
@@ -121,8 +103,8 @@ def test_the_input_closure_is_teal_in_both_notebooks():
 
 
 def test_exercise_02_4_has_one_answer_for_the_model_it_names():
-    cells = _cells("02_split_backward")
-    question = next(_text(c) for c in cells if _text(c).startswith("**Exercise 4.**"))
+    cells = read_cells("02_split_backward")
+    question = next(cell_source(c) for c in cells if cell_source(c).startswith("**Exercise 4.**"))
     assert "ParamGroupExplorer(block_analysis)" in question and "most numbers" in question
     # the notebook's block_analysis: TransformerBlock(dim=16, heads=2) on (2, 5, 16)
     torch.manual_seed(0)

@@ -8,13 +8,11 @@ for cells whose output truly varies.
 from __future__ import annotations
 
 import configparser
-import json
 import re
-from pathlib import Path
 
 import pytest
+from notebook_cells import NOTEBOOKS, cell_source, read_notebook
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 EXPECTED = [
     "01_autograd_graph",
     "02_split_backward",
@@ -31,21 +29,12 @@ IGNORE_TAG, RAISES_TAG = "nbval-ignore-output", "raises-exception"
 MAX_IGNORED = 3  # per notebook: measured timings, live widgets, machine paths in tracebacks
 
 
-def _load(name: str) -> dict:
-    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
 def _code(nb: dict) -> list[dict]:
     return [c for c in nb["cells"] if c["cell_type"] == "code"]
 
 
 def _ignored(cell: dict) -> bool:
-    lines = [line.strip().lstrip("#").strip() for line in _source(cell).splitlines()]
+    lines = [line.strip().lstrip("#").strip() for line in cell_source(cell).splitlines()]
     return "NBVAL_IGNORE_OUTPUT" in lines or IGNORE_TAG in cell["metadata"].get("tags", [])
 
 
@@ -56,7 +45,7 @@ def test_the_eight_notebooks_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_notebook_is_executed_in_order_with_outputs(name: str) -> None:
-    cells = _code(_load(name))
+    cells = _code(read_notebook(name))
     counts = [c["execution_count"] for c in cells]
     assert all(n is not None for n in counts), f"{name}: some code cells were never run"
     assert counts == list(range(1, len(cells) + 1)), f"{name}: not run top to bottom: {counts}"
@@ -72,7 +61,7 @@ def test_notebook_is_executed_in_order_with_outputs(name: str) -> None:
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_notebook_draws_and_ends_with_exercises(name: str) -> None:
-    nb = _load(name)
+    nb = read_notebook(name)
     drawings = [
         o
         for c in _code(nb)
@@ -86,33 +75,35 @@ def test_notebook_draws_and_ends_with_exercises(name: str) -> None:
     heads = [
         i
         for i, c in enumerate(nb["cells"])
-        if c["cell_type"] == "markdown" and "## Exercises" in _source(c)
+        if c["cell_type"] == "markdown" and "## Exercises" in cell_source(c)
     ]
     assert heads, f"{name}: no exercises"
-    text = _source(nb["cells"][heads[-1]]).split("## Exercises", 1)[1]
+    text = cell_source(nb["cells"][heads[-1]]).split("## Exercises", 1)[1]
     items = re.findall(r"^\d+\. ", text, flags=re.M)
     for c in nb["cells"][heads[-1] + 1 :]:
         if c["cell_type"] == "markdown":
-            assert re.match(r"\*\*Exercise \d+\.\*\* ", _source(c)), f"{name}: not at the end"
-            items.append(_source(c))
+            assert re.match(r"\*\*Exercise \d+\.\*\* ", cell_source(c)), f"{name}: not at the end"
+            items.append(cell_source(c))
         else:
-            assert "check(" in _source(c), f"{name}: a code cell after the exercises checks none"
+            assert "check(" in cell_source(c), (
+                f"{name}: a code cell after the exercises checks none"
+            )
     assert len(items) >= 3, f"{name}: {len(items)} exercises, want at least 3"
 
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_output_comparison_is_off_only_where_output_varies(name: str) -> None:
-    ignored = [c for c in _code(_load(name)) if _ignored(c)]
+    ignored = [c for c in _code(read_notebook(name)) if _ignored(c)]
     assert len(ignored) <= MAX_IGNORED, f"{name}: {len(ignored)} cells skip output comparison"
     for c in ignored:  # each says why: a measurement, a live widget, or an error report
-        src = _source(c)
+        src = cell_source(c)
         why = ("%%zb", "widgets.", "print(failure)", "(paths", "(a live widget", "# measured:")
         assert any(w in src for w in why), f"{name}: unexplained NBVAL_IGNORE_OUTPUT:\n{src}"
 
 
 @pytest.mark.parametrize("name", sorted(MULTIPROCESS))
 def test_multiprocess_notebooks_stop_their_ranks(name: str) -> None:
-    sources = [_source(c) for c in _code(_load(name))]
+    sources = [cell_source(c) for c in _code(read_notebook(name))]
     starts = [i for i, s in enumerate(sources) if "%zb_start" in s]
     stops = [i for i, s in enumerate(sources) if s.strip() == "%zb_stop"]
     assert starts, f"{name}: never starts a cluster"
@@ -139,8 +130,8 @@ def test_sanitize_file_patterns_compile_and_cover_what_varies() -> None:
 def test_learner_cells_carry_no_nbval_comments(name: str) -> None:
     # nbval reads cell tags (nbval-ignore-output, nbval-skip, raises-exception); a
     # `# NBVAL_...` line would be test plumbing in the middle of the lesson
-    for i, cell in enumerate(_code(_load(name))):
-        marks = [line for line in _source(cell).splitlines() if "NBVAL_" in line.upper()]
+    for i, cell in enumerate(_code(read_notebook(name))):
+        marks = [line for line in cell_source(cell).splitlines() if "NBVAL_" in line.upper()]
         assert not marks, f"{name}, code cell {i}: {marks[0]!r}; use the cell tag instead"
 
 
@@ -148,7 +139,7 @@ def test_learner_cells_carry_no_nbval_comments(name: str) -> None:
 def test_stored_widget_outputs_say_to_run_the_cell(name: str) -> None:
     # before the kernel runs, JupyterLab shows the bundle's other entries: one line, not the
     # widget's repr of every child
-    for i, cell in enumerate(_code(_load(name))):
+    for i, cell in enumerate(_code(read_notebook(name))):
         for out in cell["outputs"]:
             data = out.get("data", {})
             if "application/vnd.jupyter.widget-view+json" in data:

@@ -7,46 +7,27 @@ reading beside every measured table (issue 22).
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+from notebook_cells import cell_index, cell_source, cell_stdout, find_cell, read_notebook
+
 WIDGETS = "application/vnd.jupyter.widget-state+json"
-
-
-def _load(name: str) -> dict:
-    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
-def _cell(nb: dict, marker: str) -> tuple[int, dict]:
-    found = [(i, c) for i, c in enumerate(nb["cells"]) if marker in _source(c)]
-    assert len(found) == 1, f"{len(found)} cells hold {marker!r}"
-    return found[0]
-
-
-def _text(cell: dict) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell["outputs"])
 
 
 # ---------------------------------------------------------------------- 04: the V family
 def _v_family(nb: dict) -> tuple[dict[tuple[str, float], tuple[str, str]], str]:
     """(name, overlap) -> (makespan, bubble) as printed, and the markdown after the table."""
-    i, cell = _cell(nb, 'rows.append(("dualpipev", hides))')
+    i = cell_index(nb["cells"], 'rows.append(("dualpipev", hides))')
+    cell = nb["cells"][i]
     rows = {}
-    for line in _text(cell).splitlines()[1:]:
+    for line in cell_stdout(cell).splitlines()[1:]:
         name, overlap, makespan, bubble, *_ = line.split()
         rows[name, float(overlap)] = (makespan, bubble)
-    return rows, _source(nb["cells"][i + 1])
+    return rows, cell_source(nb["cells"][i + 1])
 
 
 def test_04_dualpipev_is_called_what_its_numbers_show():
-    rows, text = _v_family(_load("04_memory"))
+    rows, text = _v_family(read_notebook("04_memory"))
     dual, zbv = rows["dualpipev", 0.25], rows["zb-v", 0.0]
     makespans = {key: float(m) for key, (m, _) in rows.items()}
     bubbles = {key: float(b.rstrip("%")) for key, (_, b) in rows.items()}
@@ -61,8 +42,8 @@ def test_04_dualpipev_is_called_what_its_numbers_show():
 
 
 def test_04_dualpipev_grid_is_a_table_that_fits_the_page():
-    nb = _load("04_memory")
-    _, cell = _cell(nb, 'build_schedule("dualpipev", pp=2, microbatches=4)')
+    nb = read_notebook("04_memory")
+    cell = find_cell(nb["cells"], 'build_schedule("dualpipev", pp=2, microbatches=4)')
     tables = [o["data"]["text/html"] for o in cell["outputs"] if "text/html" in o.get("data", {})]
     assert len(tables) == 1, "the small DualPipeV is shown as its HTML grid"
     html = "".join(tables[0])
@@ -72,15 +53,15 @@ def test_04_dualpipev_grid_is_a_table_that_fits_the_page():
     assert html.count("linear-gradient") >= 4  # the overlapped pairs: two colours a cell
     # nothing printed in the notebook is wider than a page either
     for c in nb["cells"]:
-        for line in _text(c).splitlines() if c["cell_type"] == "code" else []:
+        for line in cell_stdout(c).splitlines() if c["cell_type"] == "code" else []:
             assert len(line) <= 110, f"a printed line of {len(line)} characters wraps: {line}"
 
 
 # ---------------------------------------------------------------------- 05: one simulation
 def _table_05(nb: dict) -> dict[str, list[str]]:
-    _, cell = _cell(nb, "speed-up over 1f1b, measured (run) and simulated")
+    cell = find_cell(nb["cells"], "speed-up over 1f1b, measured (run) and simulated")
     rows = {}
-    for line in _text(cell).splitlines():
+    for line in cell_stdout(cell).splitlines():
         words = line.removeprefix("[rank 0] ").split()
         if words and words[0] in ("1f1b", "zb-h1", "zb-h2", "zb-v"):
             rows[words[0]] = words  # name, run ms, sim ms, run x, sim x, ratio, bubbles
@@ -88,7 +69,7 @@ def _table_05(nb: dict) -> dict[str, list[str]]:
 
 
 def test_05_run_viewer_shows_the_tables_simulation():
-    nb = _load("05_running_pipelines")
+    nb = read_notebook("05_running_pipelines")
     zbv = _table_05(nb)["zb-v"]
     states = nb["metadata"]["widgets"][WIDGETS]["state"].values()
     numbers = [
@@ -112,9 +93,9 @@ def test_05_run_viewer_shows_the_tables_simulation():
 
 
 def test_05_first_drawing_is_simulated_with_the_tables_costs():
-    nb = _load("05_running_pipelines")
+    nb = read_notebook("05_running_pipelines")
     zbh1 = _table_05(nb)["zb-h1"]
-    _, cell = _cell(nb, 'viz.plot_schedule(trace, simulation=sims["zb-h1"]')
+    cell = find_cell(nb["cells"], 'viz.plot_schedule(trace, simulation=sims["zb-h1"]')
     plain = "".join("".join(o["data"]["text/plain"]) for o in cell["outputs"] if "data" in o)
     found = re.search(r"run: makespan [\d.]+, bubble ([\d.]+%) \| sim: makespan [\d.]+, "
                       r"bubble ([\d.]+%)", plain)  # fmt: skip
@@ -122,7 +103,7 @@ def test_05_first_drawing_is_simulated_with_the_tables_costs():
 
 
 def test_05_measured_numbers_say_how_busy_the_machine_was():
-    nb = _load("05_running_pipelines")
+    nb = read_notebook("05_running_pipelines")
     note = re.compile(
         r"(machine busy|machine quiet|ranks share cores): load [\d.]+ on \d+ cores, 4 ranks"
     )
@@ -130,8 +111,8 @@ def test_05_measured_numbers_say_how_busy_the_machine_was():
         ("speed-up over 1f1b, measured (run) and simulated", True),
         ("measured_costs(merged.events", False),
     ]:
-        _, cell = _cell(nb, marker)
-        text = _text(cell)
+        cell = find_cell(nb["cells"], marker)
+        text = cell_stdout(cell)
         found = note.search(text)
         assert found, f"no machine reading beside the numbers of the cell with {marker!r}"
         if found.group(1) != "machine quiet":

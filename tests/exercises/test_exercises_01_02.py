@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import ast
 import copy
-import json
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from notebook_cells import cell_source, read_cells
 from torch import nn
 
 from zbkit.exercises import check
 from zbkit.models import TiedLM, TransformerBlock
 from zbkit.splitgrad import analyze
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = {"01": "01_autograd_graph", "02": "02_split_backward"}
 KEYS = [f"{nb}.{k}" for nb in NAMES for k in range(1, 5)]
 
@@ -143,27 +141,18 @@ def test_01_4_the_ops_only_w_runs_in_the_block():
 # ----------------------------------------------------------------- notebook 02
 
 
-def _cells(name: str) -> list[dict]:
-    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
 @pytest.fixture(scope="module")
 def nb02() -> dict[str, Any]:
     """The definitions (imports, functions, classes) of notebook 02's lesson cells."""
     namespace: dict[str, Any] = {}
-    for cell in _cells(NAMES["02"]):
-        if "## Exercises" in _source(cell):
+    for cell in read_cells(NAMES["02"]):
+        if "## Exercises" in cell_source(cell):
             break
         if cell["cell_type"] != "code":
             continue
         kept = [
             node
-            for node in ast.parse(_source(cell)).body
+            for node in ast.parse(cell_source(cell)).body
             if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)
         ]
         exec(compile(ast.Module(kept, []), "02_split_backward", "exec"), namespace)

@@ -8,28 +8,19 @@ test_exercises_all.py.)
 
 from __future__ import annotations
 
-import json
 from fractions import Fraction
 from itertools import count
-from pathlib import Path
 from typing import Any
+
+from notebook_cells import cell_by_id, cell_source, cell_stdout, read_cells
 
 from zbkit.exercises import check
 from zbkit.schedules import Costs, build_schedule, simulate
 from zbkit.schedules.paper import TABLE6
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_schedules_and_bubbles.ipynb"
+NOTEBOOK = "03_schedules_and_bubbles"
 KEYS = [f"03.{k}" for k in range(1, 6)]
 UNIT = Costs(F=1, I=1, W=1)
-
-
-def _cells() -> list[dict]:
-    return json.loads(NOTEBOOK.read_text())["cells"]
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
 
 
 def _judged(key: str, answer: Any) -> tuple[bool | None, str]:
@@ -72,9 +63,9 @@ def test_03_2_comm_hurts_zb_v_most():
 def _paper_row() -> tuple[int, int, tuple[float, float, float, float]]:
     """(p, m, (F, I, W, comm)) of the paper-times table's first row: the paper's Table 6
     as quoted in zbkit.schedules.paper, which the notebook's cell reads."""
-    cell = next(c for c in _cells() if c["id"] == "b8d18663")
-    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"]).splitlines()
-    assert "TABLE6" in _source(cell) and printed[1].split()[:2] == ["1.5B", "24"]
+    cell = cell_by_id(read_cells(NOTEBOOK), "b8d18663")
+    printed = cell_stdout(cell).splitlines()
+    assert "TABLE6" in cell_source(cell) and printed[1].split()[:2] == ["1.5B", "24"]
     pp, _, _, runs = TABLE6["1.5B"]
     return pp, 24, runs[24]
 

@@ -10,13 +10,12 @@ is tested in test_exercises_all.py.)
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import matplotlib
 import pytest
+from notebook_cells import cell_index, cell_source, cell_stdout, read_cells
 
 from zbkit.exercises import check
 from zbkit.schedules import Costs, build_schedule, explain_auto, simulate
@@ -24,7 +23,7 @@ from zbkit.schedules._bounds import lower_bound
 
 matplotlib.use("Agg")
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_memory.ipynb"
+NOTEBOOK = "04_memory"
 KEYS = [f"04.{k}" for k in range(1, 5)]
 P, M = 4, 8
 SWEEP = Costs(F=1, I=1, W=0.5, mem_activation=1.0, mem_weight=0.3)
@@ -132,41 +131,28 @@ def test_04_4_the_big_sweep_stops_falling_where_the_simulator_says():
 # ----------------------------------------------------------------- the notebook
 
 
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
-def _text(cell: dict) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell["outputs"])
-
-
 @pytest.fixture(scope="module")
 def cells() -> list[dict]:
-    return json.loads(NOTEBOOK.read_text())["cells"]
-
-
-def _cell(cells: list[dict], marker: str) -> int:
-    found = [i for i, c in enumerate(cells) if marker in _source(c)]
-    assert len(found) == 1, f"{len(found)} cells hold {marker!r}"
-    return found[0]
+    return read_cells(NOTEBOOK)
 
 
 def test_the_old_per_chunk_rule_is_gone(cells):
     for old in ("per_chunk(", "mem_activation=0.5", "halved", "per chunk (half a stage)"):
-        holding = [i for i, c in enumerate(cells) if old in _source(c)]
+        holding = [i for i, c in enumerate(cells) if old in cell_source(c)]
         assert not holding, f"cells {holding} still hold {old!r}"
     # one Costs for every schedule: no cell builds a second, halved one for the V family
-    assert "Costs.share(v)" in _source(cells[0]) and "rank-microbatches" in _source(cells[0])
+    assert "Costs.share(v)" in cell_source(cells[0]) and "rank-microbatches" in cell_source(
+        cells[0]
+    )
 
 
 def test_the_sweep_is_drawn_at_the_simulated_peaks(cells):
-    i = _cell(cells, "limits = [4, 4.5, 5, 6, 7, 8]")
+    i = cell_index(cells, "limits = [4, 4.5, 5, 6, 7, 8]")
     namespace: dict[str, Any] = {}
     exec("from zbkit.schedules import Costs, build_schedule, simulate", namespace)
     exec("import matplotlib.pyplot as plt", namespace)
     namespace.update(p=P, m=M)
-    exec(compile(_source(cells[i]), "04_memory sweep", "exec"), namespace)
+    exec(compile(cell_source(cells[i]), "04_memory sweep", "exec"), namespace)
     ax = namespace["ax"]
     lines = {line.get_gid(): line for line in ax.get_lines()}
     for limit, x_at in zip(namespace["limits"], lines["zb-auto"].get_xdata(), strict=True):
@@ -181,12 +167,12 @@ def test_the_sweep_is_drawn_at_the_simulated_peaks(cells):
 
 def _sweep_table(cells: list[dict]) -> tuple[dict[str, tuple[str, list[float]]], str]:
     """name -> (bubble as printed, peaks) of the sweep's table, and the text after it."""
-    i = _cell(cells, "{'zb-auto, limit ' + str(limit):<18}")
+    i = cell_index(cells, "{'zb-auto, limit ' + str(limit):<18}")
     rows = {}
-    for line in _text(cells[i]).splitlines()[1:]:
+    for line in cell_stdout(cells[i]).splitlines()[1:]:
         name, bubble, peaks = re.match(r"(.+?)\s+([\d.]+%)\s+\[(.*)\]", line).groups()
         rows[name] = (bubble, [float(x) for x in peaks.split(",")])
-    return rows, _source(cells[i + 1])
+    return rows, cell_source(cells[i + 1])
 
 
 def test_the_sweep_text_tells_its_table(cells):
@@ -212,7 +198,7 @@ def _searches(cells: list[dict]) -> list[tuple[int, str, float, float, str, str]
     for i, c in enumerate(cells):
         if c["cell_type"] != "code":
             continue
-        out = _text(c)
+        out = cell_stdout(c)
         for head in re.finditer(r"zb-auto \((\w+)\), limit ([\d.]+): lower bound ([\d.]+)", out):
             kept = re.search(
                 r"^kept (.+): span [\d.]+ (= the bound: optimal|> the bound)",
@@ -247,14 +233,14 @@ def test_the_search_section_prints_what_explain_auto_keeps(cells):
         assert (proof.startswith("=")) == (span <= bound + 1e-9), (placement, limit)
         kept.add(name)
         # the text after each table names its kept span and the bound
-        text = _source(cells[i + 1])
+        text = cell_source(cells[i + 1])
         assert f"{span:g}" in text and f"{bound:g}" in text, (placement, limit)
     assert len(kept) == 3, "the kept candidate changes with the limit"
 
 
 def test_the_search_summary_is_explain_auto_over_the_sweep(cells):
-    i = _cell(cells, "candidates built")
-    rows = _text(cells[i]).splitlines()[1:]
+    i = cell_index(cells, "candidates built")
+    rows = cell_stdout(cells[i]).splitlines()[1:]
     assert len(rows) == 6
     for row in rows:
         limit, bound, rest = row.split(maxsplit=2)
@@ -266,14 +252,14 @@ def test_the_search_summary_is_explain_auto_over_the_sweep(cells):
 
 
 def test_the_frontier_and_v_family_bullets_tell_their_tables(cells):
-    i = _cell(cells, "frontier = viz.plot_frontier(p, m, costs)")
+    i = cell_index(cells, "frontier = viz.plot_frontier(p, m, costs)")
     listing = {}
-    for line in _text(cells[i + 1]).splitlines()[1:]:
+    for line in cell_stdout(cells[i + 1]).splitlines()[1:]:
         label, memory, bubble = re.match(
             r"(.+?)\s+(?:limit \S+\s+)?memory ([\d.]+)\s+bubble\s+([\d.]+)%", line
         ).groups()
         listing.setdefault(label, []).append((float(memory), float(bubble)))
-    bullets = " ".join(_source(cells[i + 2]).split())  # the text, its line breaks as spaces
+    bullets = " ".join(cell_source(cells[i + 2]).split())  # the text, its line breaks as spaces
     (dual,) = listing["dualpipev"]
     assert f"DualPipeV ({dual[0]:g}, {dual[1]:.1f}%)" in bullets
     zero = min(mem for mem, bubble in listing["zb-auto (v)"] if bubble == 0)
@@ -281,20 +267,20 @@ def test_the_frontier_and_v_family_bullets_tell_their_tables(cells):
     ((vmin, _),), ((one_f_one_b, _),) = listing["v-min"], listing["1f1b"]
     assert vmin == one_f_one_b / 2 and f"({vmin:g}, half of 1F1B's {one_f_one_b:g})" in bullets
 
-    j = _cell(cells, 'rows.append(("dualpipev", hides))')
+    j = cell_index(cells, 'rows.append(("dualpipev", hides))')
     peaks = {}
-    for line in _text(cells[j]).splitlines()[1:]:
+    for line in cell_stdout(cells[j]).splitlines()[1:]:
         name, overlap, *_ = line.split()
         peaks[name, float(overlap)] = max(float(x) for x in re.findall(r"[\d.]+(?=[,\]])", line))
-    text = " ".join(_source(cells[j + 1]).split())
+    text = " ".join(cell_source(cells[j + 1]).split())
     assert f"({peaks['dualpipev', 0.0]:g} against {peaks['zb-v', 0.0]:g}:" in text
     assert peaks["dualpipev", 0.0] - peaks["zb-v", 0.0] == 0.5  # "half a rank-microbatch more"
     assert "half a rank-microbatch more" in text
 
 
 def test_the_real_run_matches_the_simulation_everywhere(cells):
-    i = _cell(cells, "pipe.trace.peak_for(Costs(mem_activation=1.0, mem_weight=0.3))\n    sim")
-    rows = [line for line in _text(cells[i]).splitlines() if " run " in line]
+    i = cell_index(cells, "pipe.trace.peak_for(Costs(mem_activation=1.0, mem_weight=0.3))\n    sim")
+    rows = [line for line in cell_stdout(cells[i]).splitlines() if " run " in line]
     assert len(rows) == 5 and all(row.endswith("match") for row in rows)
     zbv = next(row for row in rows if row.startswith("zb-v"))
     assert "run [4.0, 4.0, 4.0, 4.0]" in zbv  # one rank's share, split over its two chunks
@@ -304,7 +290,7 @@ def test_the_gap_table_is_zb_auto_against_the_proven_optimum(cells):
     # oracle: explain_auto for zb-auto and its bound; solve for the optimum where it is needed
     from zbkit.schedules import solve
 
-    rows = _text(cells[_cell(cells, "how far zb-auto is from optimal")]).split("\n")[1:]
+    rows = cell_stdout(cells[cell_index(cells, "how far zb-auto is from optimal")]).split("\n")[1:]
     rows = [r for r in rows if r.strip()]
     assert [float(r.split()[0]) for r in rows] == [3, 4, 4.5, 5, 6, 7, 8]
     for row in rows:

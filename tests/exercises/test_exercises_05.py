@@ -13,10 +13,10 @@ import copy
 import itertools
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from notebook_cells import cell_source, cell_stdout, find_cell, read_cells
 from torch import nn
 
 from zbkit.exercises import check
@@ -24,7 +24,7 @@ from zbkit.models import TransformerBlock
 from zbkit.pipeline import LocalPipeline, PipelineStage, SyntheticStage
 from zbkit.schedules import Costs, build_schedule, simulate
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "05_running_pipelines.ipynb"
+NOTEBOOK = "05_running_pipelines"
 KEYS = [f"05.{k}" for k in range(1, 6)]
 TIMED = ("1f1b", "zb-h1", "zb-h2", "zb-v")
 
@@ -182,32 +182,17 @@ def test_05_5_one_slow_stage_sets_the_makespan():
 
 @pytest.fixture(scope="module")
 def cells() -> list[dict]:
-    return json.loads(NOTEBOOK.read_text())["cells"]
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
-
-
-def _output(cell: dict) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell["outputs"])
-
-
-def _cell(cells: list[dict], marker: str) -> dict:
-    found = [c for c in cells if marker in _source(c)]
-    assert len(found) == 1, f"{len(found)} cells hold {marker!r}"
-    return found[0]
+    return read_cells(NOTEBOOK)
 
 
 def test_the_cluster_is_stopped_before_the_sizing_and_the_exercises(cells):
-    stop = next(i for i, c in enumerate(cells) if _source(c).strip() == "%zb_stop")
+    stop = next(i for i, c in enumerate(cells) if cell_source(c).strip() == "%zb_stop")
     later = [c for c in cells[stop + 1 :] if c["cell_type"] == "code"]
-    assert later and not any("%%zb" in _source(c) for c in later)
+    assert later and not any("%%zb" in cell_source(c) for c in later)
 
 
 def test_one_costs_simulates_every_schedule_of_the_run(cells):
-    source = _source(_cell(cells, 'sims["zb-h1"]'))
+    source = cell_source(find_cell(cells, 'sims["zb-h1"]'))
     assert "Costs(T, T, T, comm=hop)" in source
     assert "T / sch.stages_per_rank" not in source  # the rank's share, never a chunk's
 
@@ -224,13 +209,13 @@ def _stage_costs(blocks: list[int]) -> list[Costs]:
 
 
 def test_the_sizing_model_is_the_one_tested(cells):
-    source = _source(_cell(cells, "def splits(layers, stages)"))
+    source = cell_source(find_cell(cells, "def splits(layers, stages)"))
     assert "LAYERS, DIM, VOCAB = 32, 4096, 128_256" in source
     assert "EMBED = 1.0" in source
 
 
 def test_the_balanced_split_and_its_numbers_are_the_simulators(cells):
-    out = _output(_cell(cells, "def splits(layers, stages)"))
+    out = cell_stdout(find_cell(cells, "def splits(layers, stages)"))
     # the balanced split, searched here by brute force over the three cuts
     best = min(
         ([a, b - a, c - b, LAYERS - c] for a, b, c in itertools.combinations(range(1, LAYERS), 3)),
@@ -254,8 +239,8 @@ def test_the_balanced_split_and_its_numbers_are_the_simulators(cells):
 
 
 def test_the_balancing_text_says_what_the_table_shows(cells):
-    out = _output(_cell(cells, "def splits(layers, stages)"))
-    text = " ".join(_source(_cell(cells, "The naive split's last stage")).split())
+    out = cell_stdout(find_cell(cells, "def splits(layers, stages)"))
+    text = " ".join(cell_source(find_cell(cells, "The naive split's last stage")).split())
     for name, shown in re.findall(r"([\d.]+)x (?:as fast )?under (1F1B|ZB-H1)", text):
         assert f"{shown.lower()}: the balanced split is {name}x" in out, (name, shown)
     assert len(re.findall(r"x (?:as fast )?under", text)) == 2
@@ -271,7 +256,7 @@ def _table(out: str, columns: int) -> list[list[str]]:
 
 
 def test_the_depth_table_is_the_simulators(cells):
-    rows = _table(_output(_cell(cells, "BATCH = 64")), 9)
+    rows = _table(cell_stdout(find_cell(cells, "BATCH = 64")), 9)
     assert {(int(r[0]), int(r[1])) for r in rows} == {(p, b) for p in (2, 4, 8) for b in (1, 4)}
     for p, b, m, weights, act_one, act_v, rule, one_rate, v_rate in rows:
         p, b, m = int(p), int(b), int(m)
@@ -285,7 +270,7 @@ def test_the_depth_table_is_the_simulators(cells):
 
 
 def test_the_pp_dp_table_is_the_simulators(cells):
-    out = _output(_cell(cells, "WORLD = 8"))
+    out = cell_stdout(find_cell(cells, "WORLD = 8"))
     rows = _table(out, 8)
     assert [int(r[0]) for r in rows] == [1, 2, 4, 8]
     for p, d, m, weights, reduced, acts, one_rate, v_rate in rows:
@@ -298,6 +283,6 @@ def test_the_pp_dp_table_is_the_simulators(cells):
         if p > 1:
             vee = simulate(build_schedule("zb-v", pp=p, microbatches=m), Costs(share, share, share))
             assert v_rate == f"{vee.bubble_rate:.1%}"
-    text = " ".join(_source(_cell(cells, "p = 1 is plain data parallelism")).split())
+    text = " ".join(cell_source(find_cell(cells, "p = 1 is plain data parallelism")).split())
     assert f"all-reduces {rows[0][4]} blocks' worth" in text
     assert f"{rows[-1][3]} blocks a rank" in text and f"stay at {rows[0][5]} block" in text

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.pipelining.schedules as torch_schedules
+from notebook_cells import cell_source, read_cells
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -39,7 +38,6 @@ from zbkit.schedules import (
     validate,
 )
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = {"06": "06_ddp_and_accumulation", "07": "07_debugging", "08": "08_torch_pipelining"}
 KEYS = [f"{nb}.{k}" for nb in NAMES for k in range(1, 5)]
 
@@ -47,15 +45,6 @@ KEYS = [f"{nb}.{k}" for nb in NAMES for k in range(1, 5)]
 def _judged(key: str, answer: Any) -> tuple[bool | None, str]:
     verdict = check(key, answer)
     return verdict.right, verdict.why
-
-
-def _cells(name: str) -> list[dict]:
-    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
 
 
 # ----------------------------------------------------------------- notebook 06
@@ -220,14 +209,14 @@ def nb07() -> dict[str, Any]:
     """The definitions (imports, functions, classes) of notebook 07's lesson cells: its
     FusedLinear with the bug (the fix is an assignment, left out) and compare_with_autograd."""
     namespace: dict[str, Any] = {}
-    for cell in _cells(NAMES["07"]):
-        if "## Exercises" in _source(cell):
+    for cell in read_cells(NAMES["07"]):
+        if "## Exercises" in cell_source(cell):
             break
-        if cell["cell_type"] != "code" or _source(cell).startswith("%"):
+        if cell["cell_type"] != "code" or cell_source(cell).startswith("%"):
             continue
         kept = [
             node
-            for node in ast.parse(_source(cell)).body
+            for node in ast.parse(cell_source(cell)).body
             if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)
         ]
         exec(compile(ast.Module(kept, []), "07_debugging", "exec"), namespace)

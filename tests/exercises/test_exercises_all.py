@@ -9,21 +9,15 @@ from __future__ import annotations
 import ast
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from notebook_cells import NOTEBOOKS, cell_source, read_cells
 
 from zbkit.exercises import EXERCISES, all_exercises, check
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 BOOKS = {p.name[:2]: p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
 KEYS = list(all_exercises())
-
-
-def _source(cell: dict) -> str:
-    src = cell["source"]
-    return src if isinstance(src, str) else "".join(src)
 
 
 def test_every_notebook_has_checkable_exercises() -> None:
@@ -48,22 +42,22 @@ def test_a_check_leaves_the_learners_random_stream_alone(key: str) -> None:
 
 @pytest.mark.parametrize("nb", sorted(BOOKS))
 def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right(nb: str) -> None:
-    cells = json.loads(BOOKS[nb].read_text())["cells"]
+    cells = read_cells(BOOKS[nb].stem)
     asked = {
         i: f"{nb}.{m[1]}"
         for i, c in enumerate(cells)
         if c["cell_type"] == "markdown"
-        and (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", _source(c)))
+        and (m := re.match(r"\*\*Exercise (\d+)\.\*\* ", cell_source(c)))
     }
     assert list(asked.values()) == [k for k in KEYS if k.startswith(f"{nb}.")], asked
     for i, key in asked.items():
         checking, solution = cells[i + 1], cells[i + 2]
         for cell in (checking, solution):
             assert cell["cell_type"] == "code", f"{key}: cell {cell['id']}"
-            assert f'check("{key}", answer)' in _source(cell), f"{key}: {_source(cell)}"
-        assert "answer = None" in _source(checking), key
+            assert f'check("{key}", answer)' in cell_source(cell), f"{key}: {cell_source(cell)}"
+        assert "answer = None" in cell_source(checking), key
         assert "not answered yet" in json.dumps(checking["outputs"]), key
-        assert _source(solution).startswith("# Worked solution (expand to read)\n"), key
+        assert cell_source(solution).startswith("# Worked solution (expand to read)\n"), key
         folded = solution["metadata"].get("jupyter", {})
         assert folded.get("source_hidden") is True and folded.get("outputs_hidden") is True, key
         assert "solution" in solution["metadata"].get("tags", []), key
@@ -71,7 +65,7 @@ def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right(n
         # the solution works its answer out: no `answer = <a literal>`
         assigned = [
             n.value
-            for n in ast.walk(ast.parse(_source(solution)))
+            for n in ast.walk(ast.parse(cell_source(solution)))
             if isinstance(n, ast.Assign)
             and any(getattr(t, "id", "") == "answer" for x in n.targets for t in ast.walk(x))
         ]
