@@ -264,3 +264,10 @@ def test_zb_opt_in_the_cli_and_the_explorer_is_the_proof_not_zb_autos_search(cap
     assert max(explorer.simulation.span) == pytest.approx(max(simulate(named, costs).span))
     text = re.sub("<[^>]+>", " ", explorer.numbers.value)
     assert "kept" not in text and "optimal (it reaches the lower bound 28.5)" in text
+
+
+def test_a_solve_from_nothing_finds_the_same_optimum() -> None:
+    costs = Costs(1, 1.5, 0.5, comm=0.2)
+    warm = solve_exact(pp=3, microbatches=4, costs=costs, memory_limit=2.25)
+    cold = solve_exact(pp=3, microbatches=4, costs=costs, memory_limit=2.25, warm_start=False)
+    assert warm.optimal and cold.optimal and cold.value == pytest.approx(warm.value)
