@@ -14,6 +14,13 @@ every action a = (stage, kind, microbatch) gets a start time t[a] >= 0;
 Objective "span": the longest rank span (zb-auto's, the paper's: what sets the steady state
 when iterations overlap); "makespan": one iteration's length. The solver's proven bound says
 how far from the best possible any schedule of these sizes is.
+
+What makes it prove fast (`_milp.py`, which builds the model): the search starts from a given
+schedule (zb-auto's), whose value also caps the goal; each action gets a start window (the
+dependencies, the work its rank must run before and after it, the cap), which fixes the order
+of pairs that cannot overlap and gives each remaining pair its own small H; a rank's actions
+run in series, so each starts after, and the span ends after, the sum of what is ordered
+before and after it (cuts the big-H rows miss); and the instant `lower_bound` is a cut too.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zbkit.schedules import _milp
 from zbkit.schedules._bounds import gap_line
-from zbkit.schedules.action import Action
 from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
@@ -32,7 +39,6 @@ from zbkit.schedules.simulate import Simulation, simulate
 __all__ = ["Solution", "bound_for", "gap_line", "lower_bound", "solve"]
 
 OBJECTIVES = ("span", "makespan")
-KINDS3 = ("F", "I", "W")
 
 
 @dataclass(frozen=True)
@@ -136,71 +142,6 @@ def _highs():
     return highspy
 
 
-class _Model:
-    """The actions, their durations, memory deltas, ranks and must-precede closure."""
-
-    def __init__(self, where: list[int], m: int, costs: list[Costs]) -> None:
-        self.where, self.m, self.costs = where, m, costs
-        last = len(where) - 1
-        self.actions = [(s, k, j) for s in range(len(where)) for k in KINDS3 for j in range(m)]
-        self.index = {a: i for i, a in enumerate(self.actions)}
-        self.dur = [costs[s].duration(k) for s, k, _ in self.actions]
-        self.delta = [costs[s].memory(k) for s, k, _ in self.actions]
-        self.rank = [where[s] for s, _, _ in self.actions]
-        # (before, after, gap): after starts >= before's end + gap
-        self.edges: list[tuple[int, int, float]] = []
-        for s, k, j in self.actions:
-            a = self.index[s, k, j]
-            if k == "F" and s > 0:
-                self._edge((s - 1, "F", j), a, s - 1, s)
-            if k == "I":
-                self._edge((s, "F", j), a, s, s)
-                if s < last:
-                    self._edge((s + 1, "I", j), a, s + 1, s)
-            if k == "W":
-                self._edge((s, "I", j), a, s, s)
-            if j > 0:  # in order on the stage
-                self._edge((s, k, j - 1), a, s, s)
-        self.succ: list[list[int]] = [[] for _ in self.actions]
-        for a, b, _ in self.edges:
-            self.succ[a].append(b)
-        self.succ = [sorted(bs) for bs in self.succ]
-        self.topo = self._topo(self.succ)  # one order respecting every dependency
-        self.after = self._closure()
-
-    def hop(self, src: int, dst: int) -> float:
-        """What a tensor from stage `src` to stage `dst` adds to the wait (the waiting
-        stage's comm, as the simulator charges it; nothing on one rank)."""
-        return self.costs[dst].comm if self.where[src] != self.where[dst] else 0.0
-
-    def _edge(self, before: tuple, after: int, src: int, dst: int) -> None:
-        self.edges.append((self.index[before], after, self.hop(src, dst)))
-
-    def _closure(self) -> list[set[int]]:
-        """after[a]: every action that must come after a (dependencies, transitively)."""
-        out: list[set[int]] = [set() for _ in self.actions]
-        for a in reversed(self.topo):
-            for b in self.succ[a]:
-                out[a] |= {b} | out[b]
-        return out
-
-    @staticmethod
-    def _topo(succ: list[list[int]]) -> list[int]:
-        indeg = [0] * len(succ)
-        for bs in succ:
-            for b in bs:
-                indeg[b] += 1
-        order, ready = [], [a for a, d in enumerate(indeg) if d == 0]
-        while ready:
-            a = ready.pop()
-            order.append(a)
-            for b in succ[a]:
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    ready.append(b)
-        return order
-
-
 def solve(
     *,
     pp: int,
@@ -287,7 +228,7 @@ def prove(
     on a busy machine)."""
     highspy = _highs()
     pp = max(where) + 1
-    model = _Model(where, m, per)
+    model = _milp.Model(where, m, per)
     h = _quiet(highspy.Highs)  # HiGHS prints a banner from C on its first instance
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
@@ -296,18 +237,25 @@ def prove(
     # a horizon no in-order schedule's simulated times exceed: everything in series,
     # every action after one hop
     horizon = sum(model.dur) + len(model.actions) * max(c.comm for c in per)
-    t = [h.addVariable(lb=0.0, ub=horizon - d) for d in model.dur]
+    # each rank's first forward where the simulator starts it: rank 0's at 0, the others'
+    # as soon as the stage before has sent microbatch 0 (constants: stage s is rank s's)
+    pins = [0.0]
+    for s in range(1, pp):
+        prev = model.index[s - 1, "F", 0]
+        pins.append(pins[-1] + model.dur[prev] + model.hop(s - 1, s))
+    # the warm start's value caps the goal (the optimum is no worse), so each action's
+    # window [release, latest] narrows, and with it every big-H below
+    cap = _milp.warm_value(warm, per, objective, model, limit) if warm is not None else None
+    release, latest = _milp.windows(model, pins, horizon if cap is None else cap, objective)
+    t = [h.addVariable(lb=lo, ub=max(lo, hi)) for lo, hi in zip(release, latest, strict=True)]
     for a, b, hop in model.edges:
         h.addConstr(t[b] - t[a] >= model.dur[a] + hop)
-    # each rank's first forward where the simulator starts it: rank 0's at 0, the others'
-    # as soon as the stage before has sent microbatch 0
-    h.addConstr(t[model.index[0, "F", 0]] == 0.0)
-    for s in range(1, pp):
-        first, prev = model.index[s, "F", 0], model.index[s - 1, "F", 0]
-        h.addConstr(t[first] - t[prev] == model.dur[prev] + model.hop(s - 1, s))
-    before = _order(h, model, t, horizon)
-    _memory(h, model, before, limit)
-    goal = _objective(h, model, t, where, objective, horizon)
+    for s in range(pp):
+        h.addConstr(t[model.index[s, "F", 0]] == pins[s])
+    before = _milp.order(h, model, t, release, latest)
+    _milp.memory(h, model, before, limit)
+    goal = _milp.objective_of(h, model, t, where, objective, horizon if cap is None else cap)
+    _milp.sequence(h, model, t, before, goal, pins, objective)
     # a valid cut: no schedule's longest span (nor so its makespan) is below the instant
     # bound, which the relaxation alone does not see (the V's equal-cost optimum is one)
     from zbkit.schedules import _bounds
@@ -316,7 +264,7 @@ def prove(
     # the objective first: setting it afterwards (`minimize(goal)`) drops a given solution
     h.setObjective(goal, highspy.ObjSense.kMinimize)
     if warm is not None:
-        _warm_start(h, highspy, model, t, before, goal, warm, per)
+        _milp.warm_start(h, highspy, model, t, before, goal, warm, per)
     started = time.perf_counter()
     h.solve()
     seconds = time.perf_counter() - started
@@ -326,7 +274,7 @@ def prove(
             f"solve: no schedule fits memory_limit={limit:g} for pp={pp}, "
             f"microbatches={m} (HiGHS: {h.modelStatusToString(status)}); raise it"
         )
-    schedule = _schedule(model, [h.val(x) for x in t], m)
+    schedule = _milp.schedule_of(model, [h.val(x) for x in t], m)
     sim = simulate(schedule, per)
     value = max(sim.span) if objective == "span" else sim.makespan
     info = h.getInfo()  # a model presolve settles has no branch-and-bound bound: its optimum
@@ -334,84 +282,3 @@ def prove(
     bound = min(value, max(info.mip_dual_bound, proven))
     tol = 1e-6 * max(1.0, value)
     return Solution(schedule, objective, value, bound, value - bound <= tol, seconds)
-
-
-def _order(h, model: _Model, t, horizon: float) -> dict[tuple[int, int], object]:
-    """before[a, b]: 1 when a runs before b on their rank (a constant where a dependency
-    decides, else a binary with its two big-H constraints)."""
-    before: dict[tuple[int, int], object] = {}
-    by_rank: dict[int, list[int]] = {}
-    for a, r in enumerate(model.rank):
-        by_rank.setdefault(r, []).append(a)
-    for acts in by_rank.values():
-        for i, a in enumerate(acts):
-            for b in acts[i + 1 :]:
-                if b in model.after[a]:
-                    before[a, b], before[b, a] = 1, 0
-                elif a in model.after[b]:
-                    before[a, b], before[b, a] = 0, 1
-                else:
-                    y = h.addBinary()
-                    h.addConstr(t[b] - t[a] + horizon * (1 - y) >= model.dur[a])
-                    h.addConstr(t[a] - t[b] + horizon * y >= model.dur[b])
-                    before[a, b], before[b, a] = y, 1 - y
-    return before
-
-
-def _memory(h, model: _Model, before: dict, limit: float) -> None:
-    """Right after each action that grows its rank's memory, the rank holds at most `limit`."""
-    for a, r in enumerate(model.rank):
-        if model.delta[a] <= 0:
-            continue
-        held = model.delta[a]
-        for b, rb in enumerate(model.rank):
-            if rb == r and b != a and model.delta[b] != 0:
-                held = held + model.delta[b] * before[b, a]
-        if isinstance(held, int | float):
-            if held > limit + 1e-9:
-                raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
-            continue
-        h.addConstr(held <= limit)
-
-
-def _objective(h, model: _Model, t, where: list[int], objective: str, horizon: float):
-    goal = h.addVariable(lb=0.0, ub=horizon)
-    for a, r in enumerate(model.rank):
-        end = t[a] + model.dur[a]
-        if objective == "makespan":
-            h.addConstr(goal >= end)
-        else:  # the rank's span: from its first forward, pinned, to its last end
-            first = model.index[where.index(r), "F", 0]
-            h.addConstr(goal - end + t[first] >= 0)
-    return goal
-
-
-def _warm_start(h, highspy, model, t, before, goal, warm: Schedule, per) -> None:
-    """Start the branch and bound from `warm` (its simulated times and order): the solver
-    then only has to prove it, or find better. Skipped where its actions are not this
-    formulation's (B or overlapped pairs)."""
-    sim = simulate(warm, per, check=False)
-    start = {(e.stage, e.kind, e.microbatch): e.start for e in sim.events}
-    if set(start) != set(model.actions):
-        return
-    values = [0.0] * h.getNumCol()
-    for a, var in enumerate(t):
-        values[var.index] = start[model.actions[a]]
-    for (a, b), y in before.items():
-        if not isinstance(y, int) and hasattr(y, "index") and a < b:
-            values[y.index] = 1.0 if start[model.actions[a]] < start[model.actions[b]] else 0.0
-    values[goal.index] = max(sim.span)  # the objective variable: an upper bound is enough
-    solution = highspy.HighsSolution()
-    solution.col_value = values
-    solution.value_valid = True  # a complete primal solution
-    h.setSolution(solution)
-
-
-def _schedule(model: _Model, times: list[float], m: int) -> Schedule:
-    """Each rank's actions in the order the solver timed them (ties: dependencies first)."""
-    topo = {a: i for i, a in enumerate(model.topo)}
-    program: dict[int, list[Action]] = {}
-    for a in sorted(range(len(model.actions)), key=lambda a: (times[a], topo[a])):
-        s, k, j = model.actions[a]
-        program.setdefault(model.rank[a], []).append(Action(s, k, j))
-    return Schedule(program, list(model.where), m, "zb-opt")
