@@ -6,6 +6,10 @@ of `explain_auto` say "not run: ... reaches the lower bound").
 
 Bounds on some rank's span (first start to last end), so on the longest one:
   - busy: a rank cannot finish before it has done all its work (any costs, any placement);
+  - one round trip (`one_trip`, any costs, any placement): the last forward of a stage
+    starts after its other m - 1, then goes down and back up and leaves a W; the first input
+    gradient of a stage ends a round trip after its rank starts, and the stage's m Is and m
+    Ws all come after it;
   - round trips (`round_trips`, any costs, any placement): a stage's microbatch holds its
     activation from its F's start to its I's end, at least the round trip down the pipeline
     and back; with room for only k activations, those intervals overlap k at a time, so some
@@ -43,16 +47,39 @@ def _forwards_held(limit: float, c: Costs, m: int) -> int:
     return max(0, min(m, int((limit + TOL) // c.mem_activation)))
 
 
+def _trips(stage_to_rank: list[int], costs: list[Costs]) -> list[float]:
+    """Per stage s: the shortest time from F(s, j)'s start to I(s, j)'s end, every later
+    stage's F and I in between (and a hop each way where the rank changes)."""
+    trips, trip = [0.0] * len(costs), 0.0
+    for s in reversed(range(len(stage_to_rank))):
+        trip += costs[s].F + costs[s].I
+        if s + 1 < len(stage_to_rank) and stage_to_rank[s + 1] != stage_to_rank[s]:
+            trip += costs[s + 1].comm + costs[s].comm  # down to s + 1, and its I back up
+        trips[s] = trip
+    return trips
+
+
+def one_trip(stage_to_rank: list[int], m: int, costs: list[Costs]) -> float:
+    """A stage's rank around one round trip (any costs and placement): the last of its m
+    forwards starts after the other m - 1, then its round trip and W; or the first of its
+    input gradients ends a round trip after the rank's start at the earliest, and all m
+    Is and Ws of the stage come from then on, one after another."""
+    best = 0.0
+    for s, trip in enumerate(_trips(stage_to_rank, costs)):
+        c = costs[s]
+        last_forward = (m - 1) * c.F + trip + c.W
+        first_backward = trip - c.I + m * (c.I + c.W)
+        best = max(best, last_forward, first_backward)
+    return best
+
+
 def round_trips(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -> float:
     """The longest chain of round trips some stage's rank must run one after another, and the
     last one's W: F(s, j) starts, every later stage's F and I runs (a hop where the rank
     changes), I(s, j) ends; at most `_forwards_held` of them overlap."""
-    best, trip = 0.0, 0.0
-    for s in reversed(range(len(stage_to_rank))):
+    best = 0.0
+    for s, trip in enumerate(_trips(stage_to_rank, costs)):
         c = costs[s]
-        trip += c.F + c.I
-        if s + 1 < len(stage_to_rank) and stage_to_rank[s + 1] != stage_to_rank[s]:
-            trip += costs[s + 1].comm + c.comm  # down to s + 1, and its I back up
         k = _forwards_held(limit, c, m)
         if k == 0:  # not one activation fits: no schedule at all; the other bounds say so
             continue
@@ -97,7 +124,11 @@ def lower_bound(
 ) -> float:
     """The best of the bounds above that apply to this placement (None: another one) and
     these costs."""
-    bound = max(busy(stage_to_rank, m, costs), round_trips(stage_to_rank, m, costs, limit))
+    bound = max(
+        busy(stage_to_rank, m, costs),
+        round_trips(stage_to_rank, m, costs, limit),
+        one_trip(stage_to_rank, m, costs),
+    )
     if placement not in ("linear", "v") or any(c != costs[0] for c in costs):
         return bound
     p, c = max(stage_to_rank) + 1, costs[0]
