@@ -112,10 +112,10 @@ def _exact(problem: Problem) -> Program:
             f"not run: {actions} actions > {most} (too slow to prove on every build; "
             "zbkit.schedules.solve proves larger settings)"
         )
-    from zbkit.schedules.exact import prove
+    from zbkit.schedules.exact import _highs, prove
 
     try:
-        import highspy  # noqa: F401
+        _highs()
     except ImportError:
         raise ValueError("not run: needs HiGHS (pip install 'zbkit[exact]')") from None
     found = prove(

@@ -75,10 +75,23 @@ def lower_bound(
     time a rank cannot avoid at the start and end under the limit (`_bounds.py`)."""
     from zbkit.schedules import _bounds
 
-    where = stage_to_rank(placement, pp)
-    per = per_stage(costs, where, "lower_bound")
-    limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
+    where, per, limit = _setting(pp, costs, memory_limit, placement, "lower_bound")
     return _bounds.lower_bound(where, microbatches, per, limit, placement)
+
+
+def _setting(
+    pp: int,
+    costs: Costs | Sequence[Costs] | None,
+    memory_limit: float | None,
+    placement: str,
+    who: str,
+) -> tuple[list[int], list[Costs], float]:
+    """Where the stages live, each stage's costs (`Costs`' rule) and the memory limit
+    (1F1B's rank-0 peak unless given), as every entry point here reads its arguments."""
+    where = stage_to_rank(placement, pp)
+    per = per_stage(costs, where, who)
+    limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
+    return where, per, limit
 
 
 def bound_for(
@@ -162,9 +175,7 @@ def solve(
     if placement not in ("linear", "v"):
         raise ValueError(f"solve: placement must be 'linear' or 'v', got {placement!r}")
     _highs()  # the extra's one-line error before any work
-    where = stage_to_rank(placement, pp)
-    per = per_stage(costs, where, "solve")
-    limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
+    where, per, limit = _setting(pp, costs, memory_limit, placement, "solve")
     warm = _zb_auto(pp, microbatches, per, limit, placement) if warm_start else None
     return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
 
@@ -187,9 +198,7 @@ def optimum(
         raise ValueError(f"{name}: time_limit must be a number of seconds > 0, got {time_limit!r}")
     if placement not in ("linear", "v"):
         raise ValueError(f"{name}: placement must be 'linear' or 'v', got {placement!r}")
-    where = stage_to_rank(placement, pp)
-    per = per_stage(costs, where, name)
-    limit = one_f_one_b_peak(where, per) if memory_limit is None else memory_limit
+    where, per, limit = _setting(pp, costs, memory_limit, placement, name)
     key = (pp, m, tuple(per), limit, placement, float(time_limit))
     if key not in _RECENT:
         _RECENT[key] = solve(

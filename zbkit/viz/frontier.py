@@ -225,7 +225,7 @@ def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[
     longest span). Sampled on a grid, each value taken at the grid's next x, so the line stays
     at or under the true floor; none where overlapped pairs save time (the bounds do not
     count it)."""
-    placements = dict.fromkeys(p.label.rsplit("(", 1)[1][:-1] for p in points if p.limit)
+    placements = dict.fromkeys(_placement(p.label) for p in points if p.limit)
     if costs.overlap > 0 or not placements:
         return {}
     ideal = m * (costs.F + costs.I + costs.W)
@@ -240,6 +240,11 @@ def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[
             (x, max(0.0, 1 - ideal / span)) for x, span in zip(xs, spans, strict=True)
         ]
     return out
+
+
+def _placement(label: str) -> str:
+    """The placement of a search's curve label: "zb-auto (v)" -> "v"."""
+    return label.rsplit("(", 1)[1].removesuffix(")")
 
 
 def _draw_floors(ax: Any, floors: dict[str, list]) -> list[Line2D]:
@@ -315,7 +320,7 @@ def _floor_line(points: list[FrontierPoint], floors: dict[str, list]) -> str:
         return "; no certified floor (overlapped pairs save time the bounds do not count)"
     parts = []
     for label in dict.fromkeys(p.label for p in points if p.limit):
-        at = dict(floors[label.rsplit("(", 1)[1][:-1]])
+        at = dict(floors[_placement(label)])
         gap = max(p.bubble - at[p.memory] for p in points if p.label == label)
         parts.append(f"{label} at most {gap:.1%} above")
     return f"; certified floors (fig.floors), dashed: {', '.join(parts)}"
