@@ -20,22 +20,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from chromium import chromium, require_chromium
 from public_modules import public_modules, public_names
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-CHROMIUM = "/usr/bin/chromium"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-# Chromium's flags in a container, as tests/viz/test_browser_widgets.py starts it
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # root in a container
-    "--disable-gpu",
-    "--disable-dev-shm-usage",  # small /dev/shm in containers
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def make_docs_command(out: Path) -> list[str]:
@@ -162,36 +152,24 @@ def test_tutorial_page_holds_its_stored_pictures(site: Path, notebook: Path) -> 
 
 @pytest.mark.browser
 def test_a_tutorial_page_shows_its_pictures_in_chromium(site: Path, tmp_path: Path) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    from playwright.sync_api import sync_playwright
-
+    require_chromium()
     page_file = site / "tutorials" / "03_schedules_and_bubbles.html"
     expected = len(_images(page_file))
     assert expected >= 5, f"{page_file.name} has {expected} pictures"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
+    with chromium(tmp_path / "chromium-profile") as browser:
+        page = browser.new_page()
+        # the site's own files only: the page must not need the network (the ipywidgets
+        # embed script comes from a CDN; the pictures must not)
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_() if route.request.url.startswith("file://") else route.abort()
+            ),
         )
-        try:
-            page = browser.new_page()
-            # the site's own files only: the page must not need the network (the ipywidgets
-            # embed script comes from a CDN; the pictures must not)
-            page.route(
-                "**/*",
-                lambda route: (
-                    route.continue_() if route.request.url.startswith("file://") else route.abort()
-                ),
-            )
-            page.goto(page_file.as_uri(), wait_until="load", timeout=120_000)
-            sizes = page.eval_on_selector_all(
-                "article img", "imgs => imgs.map(i => [i.getAttribute('src'), i.naturalWidth])"
-            )
-        finally:
-            browser.close()
+        page.goto(page_file.as_uri(), wait_until="load", timeout=120_000)
+        sizes = page.eval_on_selector_all(
+            "article img", "imgs => imgs.map(i => [i.getAttribute('src'), i.naturalWidth])"
+        )
     assert len(sizes) == expected, sizes
     broken = [src for src, width in sizes if not width > 0]
     assert not broken, f"pictures that did not load: {broken}"

@@ -22,23 +22,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from chromium import chromium, require_chromium
 
 pytestmark = pytest.mark.browser
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO / "screenshots" / "browser_widgets"
 TOKEN = "zbkit-browser-test"
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # root in a container
-    "--disable-gpu",
-    "--disable-dev-shm-usage",  # small /dev/shm in containers
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WIDGETS = ("zb-stepper", "zb-group-explorer", "zb-schedule-explorer", "zb-run-viewer")
 
 
@@ -122,10 +113,7 @@ _JS_DONE = """() => {
 
 
 def test_every_drawing_and_widget_renders_and_responds(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    from playwright.sync_api import sync_playwright
-
+    require_chromium()
     shutil.copy(HERE / "browser_widgets.ipynb", tmp_path / "nb.ipynb")  # autosave hits a copy
     SHOTS.mkdir(parents=True, exist_ok=True)
     port = _free_port()
@@ -133,18 +121,9 @@ def test_every_drawing_and_widget_renders_and_responds(tmp_path):
     try:
         for session in _api(port, "/api/sessions"):  # a kept kernel would skew the run
             _api(port, f"/api/sessions/{session['id']}", method="DELETE")
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"),
-                executable_path=CHROMIUM,
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1400, "height": 2200},  # tall: each widget fits whole
-            )
-            try:
-                _drive(browser.new_page(), port)
-            finally:
-                browser.close()
+        # tall: each widget fits whole
+        with chromium(tmp_path / "chromium-profile", viewport={"width": 1400, "height": 2200}) as b:
+            _drive(b.new_page(), port)
     finally:
         lab.terminate()
         try:
