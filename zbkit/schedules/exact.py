@@ -71,8 +71,9 @@ def lower_bound(
     placement: str = "linear",
 ) -> float:
     """A certified lower bound on the longest rank span of any schedule of these sizes, for
-    any size and at once (no solver): the busiest rank's work, and for equal stages the idle
-    time a rank cannot avoid at the start and end under the limit (`_bounds.py`)."""
+    any size and at once (no solver): the busiest rank's work, the round trips a stage's
+    microbatches make one after another when only k activations fit, and for equal stages
+    the idle time a rank cannot avoid at the start and end under the limit (`_bounds.py`)."""
     from zbkit.schedules import _bounds
 
     where, per, limit = _setting(pp, costs, memory_limit, placement, "lower_bound")
