@@ -20,19 +20,24 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=300)  # a busy machine: minutes
 
-    def run(self, code, timeout=300, expect=()):
+    def run(self, code, timeout=300, expect=(), values=0):
         """Execute one cell; return (reply content, the iopub messages of that cell).
 
         `expect`: stdout the cell prints. On a busy machine ipykernel may publish a cell's
         stdout after the cell's idle status (its stream flush waits on the IOPub thread, in
         vain past 10 s), so the cell's late messages are read until that text is there (a
-        wait that must succeed: minutes).
+        wait that must succeed: minutes). `values`: as many execute_result messages (the
+        cell's value) are waited for the same way.
         """
         msgs = []
         reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
         cell = reply["parent_header"]["msg_id"]
         deadline = time.monotonic() + timeout
-        while not all(e in text(msgs) for e in expect) and time.monotonic() < deadline:
+
+        def done():
+            return all(e in text(msgs) for e in expect) and len(results(msgs)) >= values
+
+        while not done() and time.monotonic() < deadline:
             try:
                 msg = self.kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:  # the caller's assertion then shows what did come
@@ -83,7 +88,7 @@ def workers(pid):
 def test_magics_and_launch_in_a_kernel():
     k = Kernel()
     try:
-        reply, msgs = k.run("import os, sys; os.getpid(), sys.executable")
+        reply, msgs = k.run("import os, sys; os.getpid(), sys.executable", values=1)
         pid, exe = eval(results(msgs)[0]["text/plain"])
         assert reply["status"] == "ok" and ".venv" in exe
 
@@ -130,7 +135,7 @@ def test_magics_and_launch_in_a_kernel():
             "    dist.all_reduce(t)\n"
             "    return t.item()\n"
         )
-        reply, msgs = k.run(define + "launch(total, 2, nprocs=2)")
+        reply, msgs = k.run(define + "launch(total, 2, nprocs=2)", values=1)
         assert results(msgs)[0]["text/plain"] == "[6.0, 6.0]"
 
         # The stop button during a launch: ranks stopped, KeyboardInterrupt in the cell.
@@ -143,7 +148,7 @@ def test_magics_and_launch_in_a_kernel():
         assert workers(pid) == []
 
         # The next launch in the same kernel works, and leaves no process behind.
-        reply, msgs = k.run("launch(total, 1, nprocs=2)")
+        reply, msgs = k.run("launch(total, 1, nprocs=2)", values=1)
         assert results(msgs)[0]["text/plain"] == "[3.0, 3.0]"
         assert psutil.Process(pid).children(recursive=True) == []
 
