@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	@echo "== setup 1/2: $(TORCH) into $(VENV)"
 	$(PY) tools/install_torch.py '$(TORCH)'
-	@echo "== setup 2/2: zbkit and its [dev] extras (notebook stack, HiGHS, test and lint tools)"
+	@echo "== setup 2/2: zbkit and its [dev] extras (notebook stack, CP-SAT, test and lint tools)"
 	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 

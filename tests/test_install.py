@@ -267,9 +267,9 @@ def test_core_dependencies_leave_out_the_notebook_stack() -> None:
     extras = PROJECT["optional-dependencies"]
     notebook = {Requirement(d).name.lower() for d in extras["notebook"]}
     assert {"matplotlib", "ipython", "ipywidgets", "ipykernel"} <= notebook, notebook
-    # make test needs the notebook stack, HiGHS and (tests/docs builds the site) Sphinx
+    # make test needs the notebook stack, CP-SAT and (tests/docs builds the site) Sphinx
     assert "zbkit[notebook,exact,docs]" in extras["dev"], extras["dev"]
-    assert extras["exact"] == ["highspy>=1.7"]  # the exact solver's one dependency
+    assert extras["exact"] == ["ortools>=9.10"]  # the exact solver's one dependency
 
 
 def test_core_packages_run_without_the_notebook_stack() -> None:

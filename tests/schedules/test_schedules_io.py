@@ -19,7 +19,7 @@ from zbkit.schedules.cli import main as cli_main
 GOLDEN = Path(__file__).parent / "golden"
 
 
-# a proof (zb-opt) is one of many optimal orders, whichever HiGHS meets first: it is checked
+# a proof (zb-opt) is one of many optimal orders, whichever CP-SAT meets first: it is checked
 # by its value (tests/schedules/test_schedules_exact.py), not against a file
 @pytest.mark.parametrize("name", [n for n in SCHEDULES if RECORDS[n].largest is None])
 def test_builders_match_golden_files(name):

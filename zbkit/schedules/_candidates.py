@@ -93,14 +93,15 @@ def _v_heuristic(problem: Problem) -> Program:
     return best_v_heuristic(problem.costs, problem.m, problem.limit, give_up=problem.beat)
 
 
-# zb-auto proves small settings itself where HiGHS is installed: a solve of at most this
-# many actions (F, I and W per stage and microbatch), capped in branch-and-bound nodes (a cap
-# gives the same schedule on a busy machine, unlike a time limit, which only guards). Measured
-# (benchmarks/exact.py, started from the best candidate): linear settings of 48 actions
-# prove in under 0.4 s, the V's of 36 (p=2, m=3; p=3, m=2) in under 2.2 s; the V at
-# tight limits is where the candidates miss most (p=2, m=3 under 1.5: 14.6 against 12.35).
-EXACT_MAX_ACTIONS = {"linear": 48, "v": 36}
-EXACT_MAX_NODES = 5_000
+# zb-auto proves small settings itself where CP-SAT is installed: a solve of at most this
+# many actions (F, I and W per stage and microbatch) on one worker, capped in CP-SAT's
+# deterministic seconds (a cap gives the same schedule on a busy machine, unlike a time
+# limit, which only guards). Measured (benchmarks/exact.py's grid, started from the best
+# candidate): linear settings of 96 actions (p=4, m=8) prove in under 0.4 s; the V's of 72
+# (p=3, m=4) in under 0.4 s; the V at tight limits is where the candidates miss most
+# (p=3, m=8 under 2.25, W cheap: 38.45 against 30.6).
+EXACT_MAX_ACTIONS = {"linear": 96, "v": 72}
+EXACT_WORK = 2.0
 EXACT_SECONDS = 20.0
 
 
@@ -112,15 +113,15 @@ def _exact(problem: Problem) -> Program:
             f"not run: {actions} actions > {most} (too slow to prove on every build; "
             "zbkit.schedules.solve proves larger settings)"
         )
-    from zbkit.schedules.exact import _highs, prove
+    from zbkit.schedules.exact import _cp_sat, prove
 
     try:
-        _highs()
+        _cp_sat()
     except ImportError:
-        raise ValueError("not run: needs HiGHS (pip install 'zbkit[exact]')") from None
+        raise ValueError("not run: needs CP-SAT (pip install 'zbkit[exact]')") from None
     found = prove(
         problem.stage_to_rank, problem.m, problem.costs, problem.limit, problem.placement,
-        warm=problem.best, time_limit=EXACT_SECONDS, max_nodes=EXACT_MAX_NODES,
+        warm=problem.best, time_limit=EXACT_SECONDS, work=EXACT_WORK,
     )  # fmt: skip
     problem.proven = found.lower_bound
     return {r: list(found.schedule.actions(r)) for r in found.schedule.program}
@@ -198,8 +199,8 @@ _LINEAR = [
         handwritten=True,
     ),
     Candidate(
-        "exact (HiGHS)",
-        "the proven optimum of small settings (<= 48 actions) where highspy is installed",
+        "exact (CP-SAT)",
+        "the proven optimum of small settings (<= 96 actions) where OR-Tools is installed",
         _exact,
     ),
 ]
@@ -249,8 +250,8 @@ _V = [
         _v_heuristic,
     ),
     Candidate(
-        "exact (HiGHS)",
-        "the proven optimum of small settings (<= 36 actions) where highspy is installed",
+        "exact (CP-SAT)",
+        "the proven optimum of small settings (<= 72 actions) where OR-Tools is installed",
         _exact,
     ),
 ]

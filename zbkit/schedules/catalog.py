@@ -282,7 +282,7 @@ for _record in (
         curves={"linear": Style("#ff7f0e", ">"), "v": Style("#9467bd", "p")},
     ),
     ScheduleRecord(
-        "zb-opt", _zb_opt, "the proven optimum for the costs under a limit (HiGHS; small sizes)",
+        "zb-opt", _zb_opt, "the proven optimum for the costs under a limit (CP-SAT; small sizes)",
         options={"placement": "linear", "time_limit": 60.0}, searches="always",
         curves={"linear": Style("#000000", "*"), "v": Style("#000000", "X")}, largest=96,
     ),

@@ -1,13 +1,13 @@
-"""The exact optimum of a small schedule: the order of F, I and W as a MILP, solved by HiGHS.
+"""The exact optimum of a small schedule: the order of F, I and W, solved by CP-SAT (OR-Tools).
 
 The Zero Bubble paper's formulation, in zbkit's units (`Costs`' rule, `MEMORY_UNIT`):
 every action a = (stage, kind, microbatch) gets a start time t[a] >= 0;
 - dependencies: F(s, j) after F(s-1, j) ends (+ comm across ranks), I(s, j) after F(s, j) and
   after I(s+1, j) (+ comm), W(s, j) after I(s, j);
-- one action at a time per rank: for two actions of a rank that no dependency orders, a binary
-  y says which goes first (t[b] >= t[a] + d[a] - H (1 - y), and the other way round);
-- memory: right after each action that grows it, what its rank holds (the sum of the deltas
-  of the actions ordered before it, and its own) stays under the limit;
+- one action at a time per rank (the paper: for two actions of a rank, a binary says which
+  goes first, with big-M rows; here: each action an interval, a rank's never overlapping);
+- memory: what a rank holds (each action's delta counted from its start) stays under the
+  limit at all times (a reservoir per rank);
 - microbatches in order on every stage (as every builder and torch order them), and each
   rank's first forward pinned where the simulator starts it, so the order the solver finds
   simulates to the solver's value.
@@ -15,21 +15,26 @@ Objective "span": the longest rank span (zb-auto's, the paper's: what sets the s
 when iterations overlap); "makespan": one iteration's length. The solver's proven bound says
 how far from the best possible any schedule of these sizes is.
 
-What makes it prove fast (`_milp.py`, which builds the model): the search starts from a given
-schedule (zb-auto's), whose value also caps the goal; each action gets a start window (the
-dependencies, the work its rank must run before and after it, the cap), which fixes the order
-of pairs that cannot overlap and gives each remaining pair its own small H; a rank's actions
-run in series, so each starts after, and the span ends after, the sum of what is ordered
-before and after it (cuts the big-H rows miss); and the instant `lower_bound` is a cut too.
+Why CP-SAT and not the paper's MILP: the MILP on HiGHS (start windows, per-pair big-M,
+series cuts; zbkit's first solver) proved every linear setting of issue 24's grid, but its
+relaxation hardly moves on the V: at p=3, m=8 six of nine settings stayed unproven after
+60 s, with zb-auto's 38.45 against a bound of 27.1 where the optimum is 30.6. CP-SAT reasons
+on the intervals themselves (no-overlap and reservoir propagation, clause learning) and
+proves each of them in seconds. Times are whole numbers of the smallest unit that makes
+every cost exact (`_cpsat.scale`; rounded down where none does, a relaxation: the bound
+stays certified, and the schedule is simulated with the real costs). The search starts from
+a given schedule (zb-auto's), whose value also caps the goal, and the instant
+`lower_bound` is a cut.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbkit.schedules import _milp
+from zbkit.schedules import _cpsat
 from zbkit.schedules._bounds import gap_line
 from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
@@ -132,28 +137,18 @@ def _proven(schedule: Schedule, per: list[Costs], peak: float) -> float:
     return 0.0
 
 
-def _quiet(make):
-    """`make()` with the process's stdout (file descriptor 1, where C writes) silenced."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            return make()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+# CP-SAT's parallel workers: at most the machine's cores, and 8 (its portfolio's sweet spot)
+_WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
-def _highs():
-    try:
-        import highspy
+def _cp_sat():
+    try:  # the whole name, so a module marked missing in sys.modules reads as missing
+        import ortools.sat.python.cp_model as cp_model
     except ImportError:
-        raise ImportError("zbkit.schedules.solve needs HiGHS: pip install 'zbkit[exact]'") from None
-    return highspy
+        raise ImportError(
+            "zbkit.schedules.solve needs OR-Tools' CP-SAT: pip install 'zbkit[exact]'"
+        ) from None
+    return cp_model
 
 
 def solve(
@@ -175,7 +170,7 @@ def solve(
         raise ValueError(f"solve: objective must be one of {OBJECTIVES}, got {objective!r}")
     if placement not in ("linear", "v"):
         raise ValueError(f"solve: placement must be 'linear' or 'v', got {placement!r}")
-    _highs()  # the extra's one-line error before any work
+    _cp_sat()  # the extra's one-line error before any work
     where, per, limit = _setting(pp, costs, memory_limit, placement, "solve")
     warm = _zb_auto(pp, microbatches, per, limit, placement) if warm_start else None
     return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
@@ -231,64 +226,62 @@ def prove(
     objective: str = "span",
     time_limit: float = 60.0,
     warm: Schedule | None = None,
-    max_nodes: int | None = None,
+    work: float | None = None,
 ) -> Solution:
     """`solve` for per-stage costs, started from `warm` (a schedule of these sizes, or None);
-    `max_nodes` caps the branch and bound (a cap, unlike a time limit, gives the same answer
-    on a busy machine)."""
-    highspy = _highs()
+    `work` caps the search in CP-SAT's deterministic seconds on one worker (a cap, unlike a
+    time limit, gives the same answer on a busy machine)."""
+    _cp_sat()
     pp = max(where) + 1
-    model = _milp.Model(where, m, per)
-    h = _quiet(highspy.Highs)  # HiGHS prints a banner from C on its first instance
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    if max_nodes is not None:
-        h.setOptionValue("mip_max_nodes", int(max_nodes))
-    # a horizon no in-order schedule's simulated times exceed: everything in series,
-    # every action after one hop
-    horizon = sum(model.dur) + len(model.actions) * max(c.comm for c in per)
+    model = _cpsat.Model(where, m, per)
+    if max(model.delta) > limit + 1e-9:  # one forward alone is over the limit
+        raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
     # each rank's first forward where the simulator starts it: rank 0's at 0, the others'
-    # as soon as the stage before has sent microbatch 0 (constants: stage s is rank s's)
+    # as soon as the stage before has sent microbatch 0 (stage s is rank s's)
     pins = [0.0]
     for s in range(1, pp):
         prev = model.index[s - 1, "F", 0]
         pins.append(pins[-1] + model.dur[prev] + model.hop(s - 1, s))
-    # the warm start's value caps the goal (the optimum is no worse), so each action's
-    # window [release, latest] narrows, and with it every big-H below
-    cap = _milp.warm_value(warm, per, objective, model, limit) if warm is not None else None
-    release, latest = _milp.windows(model, pins, horizon if cap is None else cap, objective)
-    t = [h.addVariable(lb=lo, ub=max(lo, hi)) for lo, hi in zip(release, latest, strict=True)]
-    for a, b, hop in model.edges:
-        h.addConstr(t[b] - t[a] >= model.dur[a] + hop)
-    for s in range(pp):
-        h.addConstr(t[model.index[s, "F", 0]] == pins[s])
-    before = _milp.order(h, model, t, release, latest)
-    _milp.memory(h, model, before, limit)
-    goal = _milp.objective_of(h, model, t, where, objective, horizon if cap is None else cap)
-    _milp.sequence(h, model, t, before, goal, pins, objective)
-    # a valid cut: no schedule's longest span (nor so its makespan) is below the instant
-    # bound, which the relaxation alone does not see (the V's equal-cost optimum is one)
     from zbkit.schedules import _bounds
 
-    h.addConstr(goal >= _bounds.lower_bound(where, m, per, limit, placement))
-    # the objective first: setting it afterwards (`minimize(goal)`) drops a given solution
-    h.setObjective(goal, highspy.ObjSense.kMinimize)
-    if warm is not None:
-        _milp.warm_start(h, highspy, model, t, before, goal, warm, per)
+    floor = _bounds.lower_bound(where, m, per, limit, placement)
+    # the warm start's value caps the goal where it is one of the orders solved over
+    cap = _cpsat.warm_value(warm, per, objective, model, limit) if warm is not None else None
+    built = _cpsat.Built(model, pins, limit, objective, floor, cap)
+    if warm is not None and cap is not None:
+        built.hint(model, warm, per)
     started = time.perf_counter()
-    h.solve()
+    solver, status = built.solve(time_limit, _WORKERS, work)
     seconds = time.perf_counter() - started
-    status = h.getModelStatus()
-    if h.getInfo().primal_solution_status != 2:  # no feasible order found
-        raise ValueError(
-            f"solve: no schedule fits memory_limit={limit:g} for pp={pp}, "
-            f"microbatches={m} (HiGHS: {h.modelStatusToString(status)}); raise it"
-        )
-    schedule = _milp.schedule_of(model, [h.val(x) for x in t], m)
-    sim = simulate(schedule, per)
-    value = max(sim.span) if objective == "span" else sim.makespan
-    info = h.getInfo()  # a model presolve settles has no branch-and-bound bound: its optimum
-    proven = info.objective_function_value if status == highspy.HighsModelStatus.kOptimal else 0.0
-    bound = min(value, max(info.mip_dual_bound, proven))
+    name = solver.status_name(status)
+    if name not in ("OPTIMAL", "FEASIBLE"):
+        if name == "INFEASIBLE":
+            raise ValueError(
+                f"solve: no schedule fits memory_limit={limit:g} for pp={pp}, "
+                f"microbatches={m}; raise it"
+            )
+        if cap is None:
+            raise ValueError(
+                f"solve: no schedule found within time_limit={time_limit:g} s for pp={pp}, "
+                f"microbatches={m} (CP-SAT: {name}); give it longer"
+            )
+    unit = built.unit
+    bound = solver.best_objective_bound / unit if name != "UNKNOWN" else floor
+    found = None
+    if name in ("OPTIMAL", "FEASIBLE"):
+        found = _cpsat.schedule_of(model, [solver.value(x) for x in built.start], m)
+    # the warm start where the search came back with nothing better (a cap hit early)
+    candidates = [c for c in (found, warm if cap is not None else None) if c is not None]
+    best, value = None, float("inf")
+    for candidate in candidates:
+        sim = simulate(candidate, per)
+        v = max(sim.span) if objective == "span" else sim.makespan
+        if v < value - 1e-12:
+            best, value = candidate, v
+    assert best is not None
+    if best is warm:
+        program = {r: list(best.actions(r)) for r in best.program}
+        best = Schedule(program, list(where), m, "zb-opt")
+    bound = min(value, max(bound, floor))
     tol = 1e-6 * max(1.0, value)
-    return Solution(schedule, objective, value, bound, value - bound <= tol, seconds)
+    return Solution(best, objective, value, bound, value - bound <= tol, seconds)

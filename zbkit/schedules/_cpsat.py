@@ -1,0 +1,196 @@
+"""The exact solver's model for CP-SAT (OR-Tools): `exact.prove` builds, solves and reads it
+back; `exact`'s docstring gives the formulation.
+
+`Model` holds the actions, their durations, memory deltas, ranks and dependencies (engine-free);
+`Built` is the CP-SAT model of it (intervals, one rank's never overlapping, a memory reservoir
+per rank, the objective), with the warm start (`hint`) and the search (`solve`); `schedule_of`
+reads a schedule back from the solver's times, `warm_value` caps the goal with a given
+schedule's value where it is one of the schedules solved over.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zbkit.schedules.action import Action
+from zbkit.schedules.costs import Costs
+from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.simulate import simulate
+
+KINDS3 = ("F", "I", "W")
+
+
+class Model:
+    """The actions, their durations, memory deltas, ranks and dependencies."""
+
+    def __init__(self, where: list[int], m: int, costs: list[Costs]) -> None:
+        self.where, self.m, self.costs = where, m, costs
+        last = len(where) - 1
+        self.actions = [(s, k, j) for s in range(len(where)) for k in KINDS3 for j in range(m)]
+        self.index = {a: i for i, a in enumerate(self.actions)}
+        self.dur = [costs[s].duration(k) for s, k, _ in self.actions]
+        self.delta = [costs[s].memory(k) for s, k, _ in self.actions]
+        self.rank = [where[s] for s, _, _ in self.actions]
+        # (before, after, gap): after starts >= before's end + gap
+        self.edges: list[tuple[int, int, float]] = []
+        for s, k, j in self.actions:
+            a = self.index[s, k, j]
+            if k == "F" and s > 0:
+                self._edge((s - 1, "F", j), a, s - 1, s)
+            if k == "I":
+                self._edge((s, "F", j), a, s, s)
+                if s < last:
+                    self._edge((s + 1, "I", j), a, s + 1, s)
+            if k == "W":
+                self._edge((s, "I", j), a, s, s)
+            if j > 0:  # in order on the stage
+                self._edge((s, k, j - 1), a, s, s)
+        self.succ: list[list[int]] = [[] for _ in self.actions]
+        for a, b, _ in self.edges:
+            self.succ[a].append(b)
+        self.succ = [sorted(bs) for bs in self.succ]
+        self.topo = self._topo(self.succ)  # one order respecting every dependency
+
+    def hop(self, src: int, dst: int) -> float:
+        """What a tensor from stage `src` to stage `dst` adds to the wait (the waiting
+        stage's comm, as the simulator charges it; nothing on one rank)."""
+        return self.costs[dst].comm if self.where[src] != self.where[dst] else 0.0
+
+    def _edge(self, before: tuple, after: int, src: int, dst: int) -> None:
+        self.edges.append((self.index[before], after, self.hop(src, dst)))
+
+    @staticmethod
+    def _topo(succ: list[list[int]]) -> list[int]:
+        indeg = [0] * len(succ)
+        for bs in succ:
+            for b in bs:
+                indeg[b] += 1
+        order, ready = [], [a for a, d in enumerate(indeg) if d == 0]
+        while ready:
+            a = ready.pop()
+            order.append(a)
+            for b in succ[a]:
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    ready.append(b)
+        return order
+
+
+def by_rank(model: Model) -> dict[int, list[int]]:
+    by_rank: dict[int, list[int]] = {}
+    for a, r in enumerate(model.rank):
+        by_rank.setdefault(r, []).append(a)
+    return by_rank
+
+
+def warm_value(warm: Schedule, per, objective: str, model: Model, limit: float):
+    """`warm`'s objective, a little above (a cap the warm start itself meets), or None where
+    it is no cap on the optimum: its actions not this formulation's, or over the limit."""
+    sim = simulate(warm, per, check=False)
+    if {(e.stage, e.kind, e.microbatch) for e in sim.events} != set(model.actions):
+        return None
+    if max(sim.peak_memory) > limit + 1e-9 or not _inorder(warm):
+        return None  # not one of the schedules solved over: it may beat their optimum
+    value = max(sim.span) if objective == "span" else sim.makespan
+    return value + 1e-6 * max(1.0, value)
+
+
+def _inorder(schedule: Schedule) -> bool:
+    """Whether every stage runs each kind's microbatches in order, as the model does."""
+    for r in schedule.program:
+        last: dict[tuple[int, str], int] = {}
+        for a in schedule.actions(r):
+            if last.get((a.stage, a.kind), -1) > a.microbatch:
+                return False
+            last[a.stage, a.kind] = a.microbatch
+    return True
+
+
+def schedule_of(model: Model, times: list[float], m: int) -> Schedule:
+    """Each rank's actions in the order the solver timed them (ties: dependencies first)."""
+    topo = {a: i for i, a in enumerate(model.topo)}
+    program: dict[int, list[Action]] = {}
+    for a in sorted(range(len(model.actions)), key=lambda a: (times[a], topo[a])):
+        s, k, j = model.actions[a]
+        program.setdefault(model.rank[a], []).append(Action(s, k, j))
+    return Schedule(program, list(model.where), m, "zb-opt")
+
+
+def scale(values: list[float], most: int = 10**6) -> tuple[int, bool]:
+    """The smallest power of ten up to `most` that makes every value whole, and True; or
+    (`most`, False) where none does (the values are then rounded: a relaxation)."""
+    s = 1
+    while s <= most:
+        if all(abs(v * s - round(v * s)) <= 1e-9 * max(1.0, v * s) for v in values):
+            return s, True
+        s *= 10
+    return most, False
+
+
+class Built:
+    """The CP-SAT model of `Model` under a memory limit: an interval per action (its start a
+    whole number of 1/`unit`), no two of a rank's overlapping, a reservoir per rank (each
+    action's memory delta at its start) under the limit, the objective's `goal`."""
+
+    def __init__(
+        self, model: Model, pins: list[float], limit: float, objective: str, floor: float,
+        cap: float | None,
+    ) -> None:  # fmt: skip
+        from ortools.sat.python import cp_model
+
+        comms = [c.comm for c in model.costs]
+        self.unit, exact = scale([*model.dur, *comms])
+        # rounded down where no unit is exact: every real order fits, its goal no larger
+        whole = round if exact else math.floor
+        dur = [whole(d * self.unit) for d in model.dur]
+        pin = [whole(p * self.unit) for p in pins]
+        horizon = sum(dur) + len(dur) * whole(max(comms) * self.unit)
+        cp = self.cp = cp_model.CpModel()
+        self.start = [cp.new_int_var(0, horizon, f"t{a}") for a in range(len(dur))]
+        for a, b, hop in model.edges:
+            cp.add(self.start[b] >= self.start[a] + dur[a] + whole(hop * self.unit))
+        for s, at in enumerate(pin):
+            cp.add(self.start[model.index[s, "F", 0]] == at)
+        mem, mem_exact = scale([*model.delta, limit])
+        held = [round(d * mem) for d in model.delta]
+        for acts in by_rank(model).values():
+            boxes = [cp.new_fixed_size_interval_var(self.start[a], dur[a], f"i{a}") for a in acts]
+            cp.add_no_overlap(boxes)
+            slack = 0 if mem_exact else len(acts)  # rounding: every real order still fits
+            most = math.floor(limit * mem + 1e-9 * max(1.0, limit * mem)) + slack
+            cp.add_reservoir_constraint(
+                [self.start[a] for a in acts], [held[a] for a in acts],
+                -sum(abs(held[a]) for a in acts), most,
+            )  # fmt: skip
+        top = horizon if cap is None else min(horizon, math.ceil(cap * self.unit))
+        self.goal = cp.new_int_var(0, top, "goal")
+        for a, r in enumerate(model.rank):
+            zero = pin[r] if objective == "span" else 0
+            cp.add(self.goal >= self.start[a] + dur[a] - zero)
+        # a valid cut the search would otherwise have to prove: the instant lower bound
+        cp.add(self.goal >= min(top, math.floor(floor * self.unit * (1 - 1e-9))))
+        cp.minimize(self.goal)
+
+    def hint(self, model: Model, warm: Schedule, per) -> None:
+        """Start the search from `warm`'s simulated times (a schedule to prove, or beat)."""
+        sim = simulate(warm, per, check=False)
+        start = {(e.stage, e.kind, e.microbatch): e.start for e in sim.events}
+        if set(start) != set(model.actions):
+            return
+        for a, var in enumerate(self.start):
+            self.cp.add_hint(var, round(start[model.actions[a]] * self.unit))
+
+    def solve(self, seconds: float, workers: int, work: float | None):
+        """Run CP-SAT: `seconds` of wall time at most, or `work` deterministic seconds on
+        one worker (the same answer on a busy machine). Returns the solver and its status."""
+        from ortools.sat.python import cp_model
+
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = float(seconds)
+        solver.parameters.random_seed = 0
+        if work is not None:
+            solver.parameters.num_workers = 1
+            solver.parameters.max_deterministic_time = float(work)
+        else:
+            solver.parameters.num_workers = workers
+        return solver, solver.solve(self.cp)
