@@ -217,7 +217,7 @@ def test_zb_opt_is_the_solvers_schedule_by_name() -> None:
     found = solve_exact(pp=3, microbatches=4, costs=costs, memory_limit=2.25)
     named = build_schedule("zb-opt", pp=3, microbatches=4, costs=costs, memory_limit=2.25)
     assert named.name == "zb-opt" and max(simulate(named, costs).span) == pytest.approx(found.value)
-    with pytest.raises(ValueError, match=r"zb-opt: 192 actions .* > 96.*use zb-auto"):
+    with pytest.raises(ValueError, match=r"zb-opt: 192 actions .* > 144.*use zb-auto"):
         build_schedule("zb-opt", pp=4, microbatches=16)
     with pytest.raises(ValueError, match="time_limit must be a number of seconds > 0"):
         build_schedule("zb-opt", pp=2, microbatches=2, time_limit=0)

@@ -188,6 +188,9 @@ class Built:
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = float(seconds)
         solver.parameters.random_seed = 0
+        # the stronger no-overlap reasoning: the V at p=3, m=8 with the paper's times under
+        # 4.5 (an optimum 0.005 above the busy bound) proves in 17 s with it, not in 60 without
+        solver.parameters.use_strong_propagation_in_disjunctive = True
         if work is not None:
             solver.parameters.num_workers = 1
             solver.parameters.max_deterministic_time = float(work)

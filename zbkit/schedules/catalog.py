@@ -284,7 +284,7 @@ for _record in (
     ScheduleRecord(
         "zb-opt", _zb_opt, "the proven optimum for the costs under a limit (CP-SAT; small sizes)",
         options={"placement": "linear", "time_limit": 60.0}, searches="always",
-        curves={"linear": Style("#000000", "*"), "v": Style("#000000", "X")}, largest=96,
+        curves={"linear": Style("#000000", "*"), "v": Style("#000000", "X")}, largest=144,
     ),
     ScheduleRecord(
         "looped-bfs", _looped_bfs, "torch's looped BFS: every microbatch through a chunk first",
