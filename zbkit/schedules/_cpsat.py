@@ -89,13 +89,13 @@ def warm_value(warm: Schedule, per, objective: str, model: Model, limit: float):
     sim = simulate(warm, per, check=False)
     if {(e.stage, e.kind, e.microbatch) for e in sim.events} != set(model.actions):
         return None
-    if max(sim.peak_memory) > limit + 1e-9 or not _inorder(warm):
+    if max(sim.peak_memory) > limit + 1e-9 or not in_order(warm):
         return None  # not one of the schedules solved over: it may beat their optimum
     value = max(sim.span) if objective == "span" else sim.makespan
     return value + 1e-6 * max(1.0, value)
 
 
-def _inorder(schedule: Schedule) -> bool:
+def in_order(schedule: Schedule) -> bool:
     """Whether every stage runs each kind's microbatches in order, as the model does."""
     for r in schedule.program:
         last: dict[tuple[int, str], int] = {}

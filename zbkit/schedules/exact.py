@@ -75,10 +75,13 @@ def lower_bound(
     memory_limit: float | None = None,
     placement: str = "linear",
 ) -> float:
-    """A certified lower bound on the longest rank span of any schedule of these sizes, for
-    any size and at once (no solver): the busiest rank's work, the round trips a stage's
-    microbatches make one after another when only k activations fit, and for equal stages
-    the idle time a rank cannot avoid at the start and end under the limit (`_bounds.py`)."""
+    """A certified lower bound on the longest rank span of any schedule of these sizes that
+    runs each stage's microbatches in order (every builder's but GPipe's and looped BFS's
+    backwards, torch's alike), for any size and at once (no solver): the busiest rank's
+    work, the round trips a stage's microbatches make one after another when only k
+    activations fit, for equal stages the idle time a rank cannot avoid at the start and
+    end under the limit, and up to 768 actions a walk of every action's earliest start with
+    the waits memory forces (`_bounds.py`)."""
     from zbkit.schedules import _bounds
 
     where, per, limit = _setting(pp, costs, memory_limit, placement, "lower_bound")
@@ -117,7 +120,10 @@ def bound_for(
     if paired and any(c.overlap for c in per):
         return None
     placement = next((p for p in ("linear", "v") if where == stage_to_rank(p, schedule.pp)), None)
-    bound = _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement)
+    # the walk (`_bounds.chains`) counts on each stage's microbatches in order (GPipe's and
+    # looped BFS's backwards run last-first)
+    walk = _cpsat.in_order(schedule)
+    bound = _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement, walk=walk)
     return max(bound, _proven(schedule, per, max(sim.peak_memory)))
 
 

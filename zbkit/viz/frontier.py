@@ -235,7 +235,14 @@ def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[
     for placement in placements:
         where = stage_to_rank(placement, pp)
         per = per_stage(costs, where)
-        spans = [_bounds.lower_bound(where, m, per, x, placement) for x in xs]
+        # the walked bound (`_bounds.chains`, milliseconds each) at the points' peaks only:
+        # at x, the one at the next peak up (a larger limit's bound is still a bound at x)
+        peaks = sorted({p.memory for p in points})
+        walked = [_bounds.lower_bound(where, m, per, y, placement) for y in peaks]
+        spans = []
+        for x in xs:
+            up = next((b for y, b in zip(peaks, walked, strict=True) if y >= x - 1e-12), 0.0)
+            spans.append(max(up, _bounds.lower_bound(where, m, per, x, placement, walk=False)))
         out[placement] = [
             (x, max(0.0, 1 - ideal / span)) for x, span in zip(xs, spans, strict=True)
         ]
