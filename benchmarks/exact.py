@@ -10,7 +10,7 @@ nothing is proven (the bound's share of zb-auto's span is a floor on its share o
 optimum), and its time (budget: under 2 s at pp=32, m=256).
 Budgets (issue 24): every setting proven within 60 s; the bound at least 90% of the optimum.
 
-    .venv/bin/python benchmarks/exact.py                 # the whole grid (tens of minutes)
+    .venv/bin/python benchmarks/exact.py                 # the whole grid (minutes)
     .venv/bin/python benchmarks/exact.py --quick         # p <= 3, m <= 4
     .venv/bin/python benchmarks/exact.py --placement v   # one placement's rows only
 """
