@@ -11,6 +11,7 @@ import math
 import random
 
 import pytest
+from random_costs import random_costs
 
 from zbkit.schedules import Costs, Schedule, _bounds, build_schedule, simulate, validate
 from zbkit.schedules._auto import CANDIDATES, Problem
@@ -321,10 +322,7 @@ def test_no_candidate_beats_the_lower_bound():
         placement = rng.choice(["linear", "v"])
         p, m = rng.randint(2, 5), rng.randint(1, 12)
         n = 2 * p if placement == "v" else p
-        one = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
-                    comm=rng.choice([0.0, rng.uniform(0, 0.3)]), mem_activation=1.0,
-                    mem_weight=rng.choice([0.0, rng.uniform(0, 0.6)]))  # fmt: skip
-        costs = [one] * n if trial % 3 else [one] * (n - 1) + [Costs(F=2.0, I=2.5, W=1.0)]
+        costs = random_costs(rng, n, uneven=trial % 3 == 0)
         limit = rng.uniform(0.8, 2.2) * n
         problem = Problem(p, m, costs, limit, placement)
         bound = _bounds.lower_bound(problem.stage_to_rank, m, costs, limit, placement)

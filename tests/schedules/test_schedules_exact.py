@@ -298,15 +298,14 @@ def test_lower_bound_never_passes_a_proven_optimum() -> None:
     # comm, mem_weight, limits from tight to roomy, both placements
     import random
 
+    from random_costs import random_costs
+
     rng = random.Random(24)
     for trial in range(16):
         placement = rng.choice(["linear", "v"])
         p, m = rng.randint(2, 3), rng.randint(2, 5)
         n = 2 * p if placement == "v" else p
-        one = Costs(F=rng.uniform(0.5, 2), I=rng.uniform(0.5, 2), W=rng.uniform(0.2, 1.5),
-                    comm=rng.choice([0.0, rng.uniform(0, 0.3)]), mem_activation=1.0,
-                    mem_weight=rng.choice([0.0, rng.uniform(0, 0.6)]))  # fmt: skip
-        per = [one] * n if trial % 2 else [one] * (n - 1) + [Costs(F=2.0, I=2.5, W=1.0)]
+        per = random_costs(rng, n, uneven=trial % 2 == 0)
         per = [Costs(*(round(getattr(c, f), 2) for f in Costs.__slots__)) for c in per]
         held = 2 if placement == "v" else 1  # a rank's activations of one microbatch
         limit = rng.uniform(held + 0.2 * m, 1.5 * n)
