@@ -11,7 +11,7 @@ import math
 import random
 
 import pytest
-from random_costs import random_costs
+from random_costs import random_setting
 
 from zbkit.schedules import Costs, Schedule, _bounds, build_schedule, simulate, validate
 from zbkit.schedules._auto import CANDIDATES, Problem
@@ -319,11 +319,8 @@ def test_no_candidate_beats_the_lower_bound():
     # none that fits the limit may be faster than the bound zb-auto trusts to stop early
     rng = random.Random(2)
     for trial in range(24):
-        placement = rng.choice(["linear", "v"])
-        p, m = rng.randint(2, 5), rng.randint(1, 12)
-        n = 2 * p if placement == "v" else p
-        costs = random_costs(rng, n, uneven=trial % 3 == 0)
-        limit = rng.uniform(0.8, 2.2) * n
+        placement, p, m, costs = random_setting(rng, (2, 5), (1, 12), uneven=trial % 3 == 0)
+        limit = rng.uniform(0.8, 2.2) * len(costs)
         problem = Problem(p, m, costs, limit, placement)
         bound = _bounds.lower_bound(problem.stage_to_rank, m, costs, limit, placement)
         programs = []

@@ -298,15 +298,13 @@ def test_lower_bound_never_passes_a_proven_optimum() -> None:
     # comm, mem_weight, limits from tight to roomy, both placements
     import random
 
-    from random_costs import random_costs
+    from random_costs import random_setting
 
     rng = random.Random(24)
     for trial in range(16):
-        placement = rng.choice(["linear", "v"])
-        p, m = rng.randint(2, 3), rng.randint(2, 5)
-        n = 2 * p if placement == "v" else p
-        per = random_costs(rng, n, uneven=trial % 2 == 0)
+        placement, p, m, per = random_setting(rng, (2, 3), (2, 5), uneven=trial % 2 == 0)
         per = [Costs(*(round(getattr(c, f), 2) for f in Costs.__slots__)) for c in per]
+        n = len(per)
         held = 2 if placement == "v" else 1  # a rank's activations of one microbatch
         limit = rng.uniform(held + 0.2 * m, 1.5 * n)
         try:
