@@ -13,11 +13,13 @@ Budgets (issue 24): every setting proven within 60 s; the bound at least 90% of 
     .venv/bin/python benchmarks/exact.py                 # the whole grid (minutes)
     .venv/bin/python benchmarks/exact.py --quick         # p <= 3, m <= 4
     .venv/bin/python benchmarks/exact.py --placement v   # one placement's rows only
+    .venv/bin/python benchmarks/exact.py --random 30     # random settings instead of the grid
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 
@@ -93,9 +95,46 @@ def main(quick: bool, placements: list[str]) -> int:
     return 0
 
 
+def random_settings(count: int, seed: int = 7) -> int:
+    """Proofs on random settings of the issue's sizes (linear p <= 4, V p <= 3, m <= 8):
+    per-stage costs (a third with one stage slower), comm and mem_weight half the time, a
+    limit from a little over one microbatch's activations to 1.5 per stage."""
+    rng = random.Random(seed)
+    proven = tried = 0
+    slowest, worst = 0.0, 1.0
+    for trial in range(count):
+        placement = "linear" if trial % 2 else "v"
+        p, m = rng.randint(2, 4 if placement == "linear" else 3), rng.randint(2, 8)
+        n = 2 * p if placement == "v" else p
+        one = Costs(*(round(x, 2) for x in (rng.uniform(0.5, 2), rng.uniform(0.5, 2),
+                     rng.uniform(0.2, 1.5), rng.choice([0.0, rng.uniform(0, 0.3)]), 1.0,
+                     rng.choice([0.0, rng.uniform(0, 0.6)]))))  # fmt: skip
+        per = [one] * (n - 1) + [Costs(2, 2.5, 1) if trial % 3 == 0 else one]
+        held = 2 if placement == "v" else 1  # one microbatch's activations on a rank
+        limit = round(rng.uniform(held + 0.25 * m, 1.5 * n), 2)
+        try:
+            found = solve(pp=p, microbatches=m, costs=per, memory_limit=limit,
+                          placement=placement)  # fmt: skip
+        except ValueError:  # nothing fits this limit
+            continue
+        bound = lower_bound(pp=p, microbatches=m, costs=per, memory_limit=limit,
+                            placement=placement)  # fmt: skip
+        tried, proven = tried + 1, proven + found.optimal
+        slowest, worst = max(slowest, found.seconds), min(worst, bound / found.value)
+        print(f"{placement:<6} p={p} m={m} limit {limit:<5g} {found.seconds:6.2f} s "
+              f"{'proven' if found.optimal else 'not proven'}, bound/opt {bound / found.value:.1%}",
+              flush=True)  # fmt: skip
+    print(f"\nproven within 60 s: {proven} of {tried}; slowest {slowest:.1f} s; "
+          f"the bound at least {worst:.1%} of the optimum")  # fmt: skip
+    return 0
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="p <= 3, m <= 4")
     parser.add_argument("--placement", choices=("linear", "v"), action="append")
+    parser.add_argument("--random", type=int, metavar="N", help="N random settings instead")
     args = parser.parse_args()
+    if args.random:
+        sys.exit(random_settings(args.random))
     sys.exit(main(args.quick, args.placement or ["linear", "v"]))
