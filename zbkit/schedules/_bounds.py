@@ -25,9 +25,11 @@ Bounds on some rank's span (first start to last end), so on the longest one:
     (2p-1) F and (2p-2) comm after its first F, rank 0 can only run first-stage forwards.
 The last three assume every stage costs the same and one of the two placements.
 And for any costs and placement, up to `CHAINS_MAX_ACTIONS`, a walk over every action
-(`chains`, for schedules that run each stage's microbatches in order): each action's
-earliest start from what it depends on, its rank's work that must come first, and the wait
-memory forces on a forward (the input gradients, and Ws, that must have run to make room);
+(`chains`, for schedules that run each stage's microbatches in order): first the orders
+memory forces between two forwards of a rank (`_forced`: were b first, a could never fit),
+then each action's earliest start from what it depends on, its rank's work that must come
+first, and the wait memory forces on a forward (the input gradients, and Ws, that must have
+run to make room);
 then per rank, those earliest starts against what each action leaves to do (Jackson's bound
 for one machine). It is what sees the V's two chunks sharing a rank's memory: under 0.75 p
 the closed forms fell to 78% of the optimum, the walk keeps 90% (`benchmarks/exact.py`).
@@ -169,7 +171,8 @@ CHAINS_MAX_ACTIONS = 768
 
 def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -> float:
     """The longest rank span of any schedule that runs each stage's microbatches in order
-    (every builder's and torch's do), bounded through each action's earliest start:
+    (every builder's and torch's do), bounded through each action's earliest start, with
+    the orders memory forces between forwards (`_forced`) added to the dependencies:
       - after what it depends on (with comm) and the rank's own work that must come first,
         run in series from the earliest of it;
       - a forward that would hold more than `limit` with what must have run before it waits
@@ -185,18 +188,22 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
     pins = [0.0]  # each rank's first forward, where the simulator starts it
     for s in range(1, max(stage_to_rank) + 1):
         pins.append(pins[-1] + dur[model.index[s - 1, "F", 0]] + model.hop(s - 1, s))
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    for a, b, hop in model.edges:
-        preds[b].append((a, hop))
-        succs[a].append((b, hop))
-    anc, desc = _reach(model.topo, preds), _reach(model.topo[::-1], succs)
     ranks = by_rank(model)
     release = {r: _release(stage_to_rank, costs, r) for r in ranks}
+    edges = list(model.edges)
+    while True:  # orders memory forces between forwards may force more
+        preds, succs, topo = _graph(n, edges)
+        if topo is None:  # the forced orders contradict: no schedule fits at all
+            return 0.0
+        anc, desc = _reach(topo, preds), _reach(topo[::-1], succs)
+        forced = _forced(model, ranks, anc, desc, limit, release)
+        if not forced:
+            break
+        edges += forced
     est = [0.0] * n
     for _ in range(n):  # a forward's wait reads I's later in the order: until nothing moves
         moved = False
-        for a in model.topo:
+        for a in topo:
             r = rank[a]
             start = max([pins[r]] + [est[b] + dur[b] + hop for b, hop in preds[a]])
             before = [(pins[r], 0.0)]  # the rank's first forward starts there
@@ -213,7 +220,7 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
             break
     best = 0.0
     for r, mine in ranks.items():
-        tail = _tails(model, succs, r)  # a's start to the rank's last end, at least
+        tail = _tails(model, topo, succs, r)  # a's start to the rank's last end, at least
         after = {a: tail[a] - dur[a] for a in mine}
         for q in sorted(set(after.values())):  # what runs from the latest head on, then q
             end, _ = _series(sorted((est[a], dur[a]) for a in mine if after[a] >= q - TOL))
@@ -287,14 +294,69 @@ def _room(a, model, mine, anc, desc, est, limit, release, before) -> float:
     return best  # inf: it never fits, no schedule at all
 
 
-def _tails(model, succs, r: int) -> list[float]:
+def _tails(model, topo: list[int], succs, r: int) -> list[float]:
     """Per action, the least time from its start to the end of rank r's last action that
     must follow it (-inf where none does)."""
     tail = [-math.inf] * len(model.actions)
-    for a in reversed(model.topo):
+    for a in reversed(topo):
         best = model.dur[a] if model.rank[a] == r else -math.inf
         for b, hop in succs[a]:
             if tail[b] > -math.inf:
                 best = max(best, model.dur[a] + hop + tail[b])
         tail[a] = best
     return tail
+
+
+def _graph(n: int, edges: list[tuple[int, int, float]]):
+    """Predecessors and successors (with each edge's hop) and one topological order, None
+    where the edges close a cycle."""
+    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for a, b, hop in edges:
+        preds[b].append((a, hop))
+        succs[a].append((b, hop))
+    indeg = [len(p) for p in preds]
+    order, ready = [], [a for a in range(n) if indeg[a] == 0]
+    while ready:
+        a = ready.pop()
+        order.append(a)
+        for b, _ in succs[a]:
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                ready.append(b)
+    return preds, succs, (order if len(order) == n else None)
+
+
+def _forced(model, ranks, anc, desc, limit, release) -> list[tuple[int, int, float]]:
+    """Orders memory forces between two forwards a and b of a rank that no dependency
+    orders: were b to start first, a would start holding b, everything that must come before
+    either, and itself; if no input gradients and Ws that may still run before a free
+    enough of that, b comes after a (an edge a -> b). On the V this is what keeps rank 0
+    from running more first-chunk forwards than leave room for its second chunk's first."""
+    acts, delta = model.actions, model.delta
+    out = []
+    for r, mine in ranks.items():
+        masks: dict[tuple[int, str], int] = {}
+        for x in mine:
+            masks[acts[x][:2]] = masks.get(acts[x][:2], 0) | 1 << x
+        weight = {key: delta[model.index[(*key, 0)]] for key in masks}
+        rank_i = sum(bits for (_, k), bits in masks.items() if k == "I")
+        owes = {x: model.index[acts[x][0], "I", acts[x][2]] for x in mine if acts[x][1] == "W"}
+        per_i, per_w = release[r][0], release[r][1]
+        forwards = [x for x in mine if acts[x][1] == "F"]
+        for a in forwards:
+            for b in forwards:
+                if b == a or anc[a] >> b & 1 or desc[a] >> b & 1:
+                    continue
+                first = anc[a] | anc[b] | 1 << b  # all of it starts before a
+                held = delta[a] + sum(w * (first & masks[key]).bit_count()
+                                      for key, w in weight.items())  # fmt: skip
+                need = held - limit
+                if need <= TOL:
+                    continue
+                free_i = (rank_i & ~first & ~desc[a]).bit_count()
+                later = first | desc[a]  # Ws already counted, or that cannot run before a
+                owed = sum(1 for w, i in owes.items() if not later >> w & 1 and first >> i & 1)
+                if free_i * per_i + (owed + free_i) * per_w < need - TOL:
+                    out.append((a, b, 0.0))
+    return out
