@@ -526,3 +526,18 @@ def test_zb_auto_v_skipping_repeated_greedy_moves_changes_nothing():
         program = greedy(where, m, [costs] * 2 * p, 2.0 * p, fill, hold)
         span = max(simulate(Schedule(program, where, m), costs).span)
         assert span >= kept - 1e-9, t.candidate.name
+
+
+def test_recent_answers_are_kept_and_the_least_recently_asked_forgotten_first():
+    from zbkit.schedules._recent import Recent
+
+    made = []
+    recent: Recent[int] = Recent(size=2)
+
+    def ask(key: int) -> int:
+        return recent.get((key,), lambda: made.append(key) or key * 10)
+
+    assert [ask(1), ask(2), ask(1)] == [10, 20, 10] and made == [1, 2]  # 1 asked again: kept
+    ask(3)  # over the size: 2 is the least recently asked, so it goes
+    assert [key for key, _ in recent.items()] == [(1,), (3,)]
+    assert ask(2) == 20 and made == [1, 2, 3, 2]

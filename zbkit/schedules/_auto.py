@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from zbkit.schedules import _engine
 from zbkit.schedules._bounds import gap_line, lower_bound
 from zbkit.schedules._candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
+from zbkit.schedules._recent import Recent
 from zbkit.schedules._timeline import TOL, Slower, beyond, keyed_costs, running_peak
 from zbkit.schedules.costs import Costs, one_f_one_b_peak
 from zbkit.schedules.costs import per_stage as costs_per_stage
@@ -81,8 +82,7 @@ class AutoSearch:
         return "\n".join(lines)
 
 
-_KEPT = 16  # searches remembered (by their arguments), the oldest forgotten first
-_RECENT: dict[tuple, AutoSearch] = {}
+_RECENT: Recent[AutoSearch] = Recent()  # searches remembered by their arguments
 
 
 # ---- the search ---------------------------------------------------------------------------
@@ -114,11 +114,8 @@ def search(
     if not isinstance(memory_limit, int | float) or memory_limit <= 0:
         raise ValueError(f"{name}: memory_limit must be a number > 0, got {memory_limit!r}")
     key = (pp, m, name, tuple(per_stage), float(memory_limit), placement)
-    if key not in _RECENT:
-        _RECENT[key] = _search(Problem(pp, m, per_stage, memory_limit, placement), name)
-        while len(_RECENT) > _KEPT:
-            _RECENT.pop(next(iter(_RECENT)))  # the oldest
-    _RECENT[key] = found = _RECENT.pop(key)  # now the newest
+    found = _RECENT.get(key, lambda: _search(Problem(pp, m, per_stage, memory_limit, placement),
+                                             name))  # fmt: skip
     # a copy: the caller may edit its schedule, the kept one must stay as found
     program = {r: list(actions) for r, actions in found.schedule.program.items()}
     copy = Schedule(program, list(found.schedule.stage_to_rank), m, name)

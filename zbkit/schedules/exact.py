@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from zbkit.schedules import _cpsat
 from zbkit.schedules._bounds import gap_line
+from zbkit.schedules._recent import Recent
 from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
@@ -182,8 +183,7 @@ def solve(
     return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
 
 
-_KEPT = 16  # solutions remembered by their arguments (a slider moved back), oldest first out
-_RECENT: dict[tuple, Solution] = {}
+_RECENT: Recent[Solution] = Recent()  # solutions remembered by their arguments
 
 
 def optimum(
@@ -202,14 +202,10 @@ def optimum(
         raise ValueError(f"{name}: placement must be 'linear' or 'v', got {placement!r}")
     where, per, limit = _setting(pp, costs, memory_limit, placement, name)
     key = (pp, m, tuple(per), limit, placement, float(time_limit))
-    if key not in _RECENT:
-        _RECENT[key] = solve(
-            pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement,
-            time_limit=time_limit,
-        )  # fmt: skip
-        while len(_RECENT) > _KEPT:
-            _RECENT.pop(next(iter(_RECENT)))
-    found = _RECENT[key]
+    found = _RECENT.get(key, lambda: solve(
+        pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement,
+        time_limit=time_limit,
+    ))  # fmt: skip
     program = {r: list(actions) for r, actions in found.schedule.program.items()}
     return Schedule(program, list(found.schedule.stage_to_rank), m, name)
 
