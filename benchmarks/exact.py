@@ -4,7 +4,7 @@ instant bound is.
 For a grid of small settings (p 2-4, m 2-8, three cost sets, three memory limits; the linear
 placement, and the V for p <= 3) it solves each (`solve`, 60 s each) and prints the solve
 time, the optimum (or the best found and its proven bound), zb-auto's longest rank span
-beside it (its gap; zb-auto solves settings of at most 96 actions, 72 on the V, itself) and
+beside it (its gap; zb-auto solves settings of at most 96 actions itself) and
 `lower_bound`'s share of the optimum. Then the bound against zb-auto at larger sizes, where
 nothing is proven (the bound's share of zb-auto's span is a floor on its share of the
 optimum), and its time (budget: under 2 s at pp=32, m=256).

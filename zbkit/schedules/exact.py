@@ -172,7 +172,7 @@ def solve(
     """The best in-order schedule for these sizes and costs under `memory_limit`, or the best
     found in `time_limit` seconds with a proven lower bound (module docstring). The search
     starts from zb-auto's schedule (`warm_start=False`: from nothing, to time a proof alone:
-    zb-auto already proves settings of up to 96 actions, 72 on the V, itself)."""
+    zb-auto already proves settings of up to 96 actions itself)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"solve: objective must be one of {OBJECTIVES}, got {objective!r}")
     if placement not in ("linear", "v"):
