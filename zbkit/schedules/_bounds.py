@@ -181,18 +181,15 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
         earlier work plus their time;
     then, per rank, its actions' earliest starts against what each leaves to do on the rank
     (Jackson's bound for one machine with heads and tails)."""
-    from zbkit.schedules._cpsat import Model, by_rank
+    from zbkit.schedules._cpsat import Model, by_rank, graph
 
     model = Model(stage_to_rank, m, costs)
-    n, dur, rank, acts = len(model.actions), model.dur, model.rank, model.actions
-    pins = [0.0]  # each rank's first forward, where the simulator starts it
-    for s in range(1, max(stage_to_rank) + 1):
-        pins.append(pins[-1] + dur[model.index[s - 1, "F", 0]] + model.hop(s - 1, s))
+    n, dur, rank, acts, pins = len(model.actions), model.dur, model.rank, model.actions, model.pins
     ranks = by_rank(model)
     release = {r: _release(stage_to_rank, costs, r) for r in ranks}
     edges = list(model.edges)
     while True:  # orders memory forces between forwards may force more
-        preds, succs, topo = _graph(n, edges)
+        preds, succs, topo = graph(n, edges)
         if topo is None:  # the forced orders contradict: no schedule fits at all
             return 0.0
         anc, desc = _reach(topo, preds), _reach(topo[::-1], succs)
@@ -305,26 +302,6 @@ def _tails(model, topo: list[int], succs, r: int) -> list[float]:
                 best = max(best, model.dur[a] + hop + tail[b])
         tail[a] = best
     return tail
-
-
-def _graph(n: int, edges: list[tuple[int, int, float]]):
-    """Predecessors and successors (with each edge's hop) and one topological order, None
-    where the edges close a cycle."""
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    for a, b, hop in edges:
-        preds[b].append((a, hop))
-        succs[a].append((b, hop))
-    indeg = [len(p) for p in preds]
-    order, ready = [], [a for a in range(n) if indeg[a] == 0]
-    while ready:
-        a = ready.pop()
-        order.append(a)
-        for b, _ in succs[a]:
-            indeg[b] -= 1
-            if indeg[b] == 0:
-                ready.append(b)
-    return preds, succs, (order if len(order) == n else None)
 
 
 def _forced(model, ranks, anc, desc, limit, release) -> list[tuple[int, int, float]]:

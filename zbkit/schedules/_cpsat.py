@@ -1,7 +1,8 @@
 """The exact solver's model for CP-SAT (OR-Tools): `exact.prove` builds, solves and reads it
 back; `exact`'s docstring gives the formulation.
 
-`Model` holds the actions, their durations, memory deltas, ranks and dependencies (engine-free);
+`Model` holds the actions, their durations, memory deltas, ranks, dependencies (`graph`) and
+where each rank's first forward starts (engine-free; `_bounds.chains` walks it too);
 `Built` is the CP-SAT model of it (intervals, one rank's never overlapping, a memory reservoir
 per rank, the objective), with the warm start (`hint`) and the search (`solve`); `schedule_of`
 reads a schedule back from the solver's times, `warm_value` caps the goal with a given
@@ -12,12 +13,10 @@ from __future__ import annotations
 
 import math
 
-from zbkit.schedules.action import Action
+from zbkit.schedules.action import PARTS, Action
 from zbkit.schedules.costs import Costs
 from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import simulate
-
-KINDS3 = ("F", "I", "W")
+from zbkit.schedules.simulate import Simulation
 
 
 class Model:
@@ -26,7 +25,7 @@ class Model:
     def __init__(self, where: list[int], m: int, costs: list[Costs]) -> None:
         self.where, self.m, self.costs = where, m, costs
         last = len(where) - 1
-        self.actions = [(s, k, j) for s in range(len(where)) for k in KINDS3 for j in range(m)]
+        self.actions = [(s, k, j) for s in range(len(where)) for k in PARTS for j in range(m)]
         self.index = {a: i for i, a in enumerate(self.actions)}
         self.dur = [costs[s].duration(k) for s, k, _ in self.actions]
         self.delta = [costs[s].memory(k) for s, k, _ in self.actions]
@@ -45,11 +44,15 @@ class Model:
                 self._edge((s, "I", j), a, s, s)
             if j > 0:  # in order on the stage
                 self._edge((s, k, j - 1), a, s, s)
-        self.succ: list[list[int]] = [[] for _ in self.actions]
-        for a, b, _ in self.edges:
-            self.succ[a].append(b)
-        self.succ = [sorted(bs) for bs in self.succ]
-        self.topo = self._topo(self.succ)  # one order respecting every dependency
+        preds, succs, topo = graph(len(self.actions), self.edges)
+        assert topo is not None  # dependencies never close a cycle
+        self.topo = topo  # one order respecting every dependency
+        # each rank's first forward where the simulator starts it: rank 0's at 0, the others'
+        # as soon as the stage before has sent microbatch 0 (stage s is rank s's)
+        self.pins = [0.0]
+        for s in range(1, max(where) + 1):
+            prev = self.index[s - 1, "F", 0]
+            self.pins.append(self.pins[-1] + self.dur[prev] + self.hop(s - 1, s))
 
     def hop(self, src: int, dst: int) -> float:
         """What a tensor from stage `src` to stage `dst` adds to the wait (the waiting
@@ -59,21 +62,25 @@ class Model:
     def _edge(self, before: tuple, after: int, src: int, dst: int) -> None:
         self.edges.append((self.index[before], after, self.hop(src, dst)))
 
-    @staticmethod
-    def _topo(succ: list[list[int]]) -> list[int]:
-        indeg = [0] * len(succ)
-        for bs in succ:
-            for b in bs:
-                indeg[b] += 1
-        order, ready = [], [a for a, d in enumerate(indeg) if d == 0]
-        while ready:
-            a = ready.pop()
-            order.append(a)
-            for b in succ[a]:
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    ready.append(b)
-        return order
+
+def graph(n: int, edges: list[tuple[int, int, float]]):
+    """Predecessors and successors (with each edge's hop) of n actions, and one topological
+    order, None where the edges close a cycle."""
+    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for a, b, hop in edges:
+        preds[b].append((a, hop))
+        succs[a].append((b, hop))
+    indeg = [len(p) for p in preds]
+    order, ready = [], [a for a in range(n) if indeg[a] == 0]
+    while ready:
+        a = ready.pop()
+        order.append(a)
+        for b, _ in succs[a]:
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                ready.append(b)
+    return preds, succs, (order if len(order) == n else None)
 
 
 def by_rank(model: Model) -> dict[int, list[int]]:
@@ -83,15 +90,20 @@ def by_rank(model: Model) -> dict[int, list[int]]:
     return by_rank
 
 
-def warm_value(warm: Schedule, per, objective: str, model: Model, limit: float):
-    """`warm`'s objective, a little above (a cap the warm start itself meets), or None where
-    it is no cap on the optimum: its actions not this formulation's, or over the limit."""
-    sim = simulate(warm, per, check=False)
+def value_of(sim: Simulation, objective: str) -> float:
+    """A simulated schedule's objective: its longest rank span, or its makespan."""
+    return max(sim.span) if objective == "span" else sim.makespan
+
+
+def warm_value(warm: Schedule, sim: Simulation, objective: str, model: Model, limit: float):
+    """`warm`'s objective (`sim`: its simulation), a little above (a cap the warm start itself
+    meets), or None where it is no cap on the optimum: its actions not this formulation's,
+    or over the limit."""
     if {(e.stage, e.kind, e.microbatch) for e in sim.events} != set(model.actions):
         return None
     if max(sim.peak_memory) > limit + 1e-9 or not in_order(warm):
         return None  # not one of the schedules solved over: it may beat their optimum
-    value = max(sim.span) if objective == "span" else sim.makespan
+    value = value_of(sim, objective)
     return value + 1e-6 * max(1.0, value)
 
 
@@ -133,9 +145,8 @@ class Built:
     action's memory delta at its start) under the limit, the objective's `goal`."""
 
     def __init__(
-        self, model: Model, pins: list[float], limit: float, objective: str, floor: float,
-        cap: float | None,
-    ) -> None:  # fmt: skip
+        self, model: Model, limit: float, objective: str, floor: float, cap: float | None
+    ) -> None:
         from ortools.sat.python import cp_model
 
         comms = [c.comm for c in model.costs]
@@ -143,7 +154,7 @@ class Built:
         # rounded down where no unit is exact: every real order fits, its goal no larger
         whole = round if exact else math.floor
         dur = [whole(d * self.unit) for d in model.dur]
-        pin = [whole(p * self.unit) for p in pins]
+        pin = [whole(p * self.unit) for p in model.pins]
         horizon = sum(dur) + len(dur) * whole(max(comms) * self.unit)
         cp = self.cp = cp_model.CpModel()
         self.start = [cp.new_int_var(0, horizon, f"t{a}") for a in range(len(dur))]
@@ -171,12 +182,10 @@ class Built:
         cp.add(self.goal >= min(top, math.floor(floor * self.unit * (1 - 1e-9))))
         cp.minimize(self.goal)
 
-    def hint(self, model: Model, warm: Schedule, per) -> None:
-        """Start the search from `warm`'s simulated times (a schedule to prove, or beat)."""
-        sim = simulate(warm, per, check=False)
+    def hint(self, model: Model, sim: Simulation) -> None:
+        """Start the search from a schedule's simulated times (`sim`, of one of the orders
+        solved over: a schedule to prove, or beat)."""
         start = {(e.stage, e.kind, e.microbatch): e.start for e in sim.events}
-        if set(start) != set(model.actions):
-            return
         for a, var in enumerate(self.start):
             self.cp.add_hint(var, round(start[model.actions[a]] * self.unit))
 

@@ -238,20 +238,19 @@ def prove(
     model = _cpsat.Model(where, m, per)
     if max(model.delta) > limit + 1e-9:  # one forward alone is over the limit
         raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
-    # each rank's first forward where the simulator starts it: rank 0's at 0, the others'
-    # as soon as the stage before has sent microbatch 0 (stage s is rank s's)
-    pins = [0.0]
-    for s in range(1, pp):
-        prev = model.index[s - 1, "F", 0]
-        pins.append(pins[-1] + model.dur[prev] + model.hop(s - 1, s))
     from zbkit.schedules import _bounds
 
     floor = _bounds.lower_bound(where, m, per, limit, placement)
-    # the warm start's value caps the goal where it is one of the orders solved over
-    cap = _cpsat.warm_value(warm, per, objective, model, limit) if warm is not None else None
-    built = _cpsat.Built(model, pins, limit, objective, floor, cap)
-    if warm is not None and cap is not None:
-        built.hint(model, warm, per)
+    # the warm start, where it is one of the orders solved over: its value caps the goal,
+    # its times start the search, and it stays if the search comes back with nothing better
+    kept, cap = None, None
+    if warm is not None:
+        sim = simulate(warm, per, check=False)
+        cap = _cpsat.warm_value(warm, sim, objective, model, limit)
+        kept = (warm, sim) if cap is not None else None
+    built = _cpsat.Built(model, limit, objective, floor, cap)
+    if kept is not None:
+        built.hint(model, kept[1])
     started = time.perf_counter()
     solver, status = built.solve(time_limit, _WORKERS, work)
     seconds = time.perf_counter() - started
@@ -262,28 +261,22 @@ def prove(
                 f"solve: no schedule fits memory_limit={limit:g} for pp={pp}, "
                 f"microbatches={m}; raise it"
             )
-        if cap is None:
+        if kept is None:
             raise ValueError(
                 f"solve: no schedule found within time_limit={time_limit:g} s for pp={pp}, "
                 f"microbatches={m} (CP-SAT: {name}); give it longer"
             )
     unit = built.unit
     bound = solver.best_objective_bound / unit if name != "UNKNOWN" else floor
-    found = None
-    if name in ("OPTIMAL", "FEASIBLE"):
-        found = _cpsat.schedule_of(model, [solver.value(x) for x in built.start], m)
-    # the warm start where the search came back with nothing better (a cap hit early)
-    candidates = [c for c in (found, warm if cap is not None else None) if c is not None]
     best, value = None, float("inf")
-    for candidate in candidates:
-        sim = simulate(candidate, per)
-        v = max(sim.span) if objective == "span" else sim.makespan
-        if v < value - 1e-12:
-            best, value = candidate, v
-    assert best is not None
-    if best is warm:
-        program = {r: list(best.actions(r)) for r in best.program}
+    if name in ("OPTIMAL", "FEASIBLE"):
+        best = _cpsat.schedule_of(model, [solver.value(x) for x in built.start], m)
+        value = _cpsat.value_of(simulate(best, per), objective)
+    if kept is not None and _cpsat.value_of(kept[1], objective) < value - 1e-12:
+        program = {r: list(kept[0].actions(r)) for r in kept[0].program}
         best = Schedule(program, list(where), m, "zb-opt")
+        value = _cpsat.value_of(kept[1], objective)
+    assert best is not None
     bound = min(value, max(bound, floor))
     tol = 1e-6 * max(1.0, value)
     return Solution(best, objective, value, bound, value - bound <= tol, seconds)
