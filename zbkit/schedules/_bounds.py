@@ -165,7 +165,7 @@ def gap_line(span: float, bound: float | None) -> str:
 
 
 # `chains` walks every action: beyond this many (F, I and W per stage and microbatch) the
-# closed forms above are the bound (p=4, m=8 takes about 10 ms; 96 x 8 actions about 1 s)
+# closed forms above are the bound (p=4, m=8 takes a few ms, 768 actions 0.1-0.15 s)
 CHAINS_MAX_ACTIONS = 768
 
 
@@ -186,14 +186,14 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
     model = Model(stage_to_rank, m, costs)
     n, dur, rank, acts, pins = len(model.actions), model.dur, model.rank, model.actions, model.pins
     ranks = by_rank(model)
-    release = {r: _release(stage_to_rank, costs, r) for r in ranks}
+    memory = {r: _RankMemory(model, mine, costs) for r, mine in ranks.items()}
     edges = list(model.edges)
     while True:  # orders memory forces between forwards may force more
         preds, succs, topo = graph(n, edges)
         if topo is None:  # the forced orders contradict: no schedule fits at all
             return 0.0
         anc, desc = _reach(topo, preds), _reach(topo[::-1], succs)
-        forced = _forced(model, ranks, anc, desc, limit, release)
+        forced = _forced(model, memory, anc, desc, limit)
         if not forced:
             break
         edges += forced
@@ -207,8 +207,7 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
             before += sorted((est[b], dur[b]) for b in ranks[r] if anc[a] >> b & 1)
             start = max(start, _series(before)[0])
             if acts[a][1] == "F":
-                start = max(start, _room(a, model, ranks[r], anc, desc, est, limit, release[r],
-                                         before))  # fmt: skip
+                start = max(start, _room(a, model, memory[r], anc, desc, est, limit, before))
                 if start == math.inf:  # it never fits: no schedule, which builders report
                     return 0.0
             if start > est[a] + TOL:
@@ -246,49 +245,71 @@ def _series(heads: list[tuple[float, float]]) -> tuple[float, float]:
     return end, total
 
 
-def _release(stage_to_rank: list[int], costs: list[Costs], r: int) -> tuple[float, ...]:
-    """What an I and a W of rank r free at most, and take at least."""
-    mine = [costs[s] for s, rank in enumerate(stage_to_rank) if rank == r]
-    return (
-        max(c.mem_activation - c.mem_weight for c in mine),
-        max(c.mem_weight for c in mine),
-        min(c.I for c in mine),
-        min(c.W for c in mine),
-    )
+class _RankMemory:
+    """One rank's actions as bitsets by (stage, kind), to weigh what a set of them holds, and
+    what its input gradients and Ws free at most and take at least."""
+
+    def __init__(self, model, mine: list[int], costs: list[Costs]) -> None:
+        acts = model.actions
+        self.masks: dict[tuple[int, str], int] = {}
+        for x in mine:
+            self.masks[acts[x][:2]] = self.masks.get(acts[x][:2], 0) | 1 << x
+        # a stage's every action of a kind changes memory alike (its Costs)
+        self.weight = {key: model.delta[model.index[(*key, 0)]] for key in self.masks}
+        self.inputs = sum(bits for (_, k), bits in self.masks.items() if k == "I")
+        # each W and the I it follows
+        self.owes = {x: model.index[acts[x][0], "I", acts[x][2]] for x in mine if acts[x][1] == "W"}
+        stages = [costs[s] for s, _ in self.masks]
+        self.per_i = max(c.mem_activation - c.mem_weight for c in stages)
+        self.per_w = max(c.mem_weight for c in stages)
+        self.d_i, self.d_w = min(c.I for c in stages), min(c.W for c in stages)
+
+    def held(self, bits: int) -> float:
+        """What the rank's actions in `bits` (once all have started) add to its memory."""
+        return sum(w * (bits & self.masks[key]).bit_count() for key, w in self.weight.items())
+
+    def owed(self, before: int, later: int) -> list[int]:
+        """The Ws not in `later` whose I is in `before` (each frees without another I)."""
+        return [w for w, i in self.owes.items() if not later >> w & 1 and before >> i & 1]
 
 
-def _room(a, model, mine, anc, desc, est, limit, release, before) -> float:
+def _room(a, model, memory: _RankMemory, anc, desc, est, limit, before) -> float:
     """When forward `a` can start at the earliest for memory: what must run before it
     (`before`: the rank's first start, then its earlier work, (earliest start, duration)
-    sorted) and a itself hold
-    more than `limit` unless enough I's (and Ws) that may run before it have: for each way
-    to free enough, x I's (no earlier than the x earliest of them, each at least the
-    shortest I) and y Ws, all in series with `before`; the cheapest way."""
-    delta, acts = model.delta, model.actions
-    need = delta[a] + sum(delta[b] for b in mine if anc[a] >> b & 1) - limit
+    sorted) and a itself hold more than `limit` unless enough I's (and Ws) that may run
+    before it have: for each way to free enough, x I's (no earlier than the x earliest of
+    them, each at least the shortest I) and y Ws, all in series with `before`; the cheapest
+    way."""
+    need = model.delta[a] + memory.held(anc[a]) - limit
     if need <= TOL:
         return 0.0
-    free = [b for b in mine if not (anc[a] >> b & 1 or desc[a] >> b & 1)]
-    heads = sorted(est[b] for b in free if acts[b][1] == "I")
-    owed = sorted(  # Ws whose I must have run: each frees without another I
-        est[b] for b in free
-        if acts[b][1] == "W" and anc[a] >> model.index[acts[b][0], "I", acts[b][2]] & 1
-    )  # fmt: skip
-    per_i, per_w, d_i, d_w = release
+    later = anc[a] | desc[a]  # ran already, or cannot run before a
+    heads = sorted(est[b] for b in _bits(memory.inputs & ~later))
+    owed = sorted(est[w] for w in memory.owed(anc[a], later))
     best = math.inf
     for x in range(len(heads) + 1):
-        rest, y = need - x * per_i, 0
+        rest, y = need - x * memory.per_i, 0
         if rest > TOL:
-            if per_w <= 0:
+            if memory.per_w <= 0:
                 continue
-            y = math.ceil(rest / per_w - TOL)
+            y = math.ceil(rest / memory.per_w - TOL)
             if y > len(owed) + x:
                 continue
         # the Ws: the earliest owed ones, then those of the new I's (after the first I ends)
-        ws = sorted(owed + [heads[0] + d_i] * x)[:y]
-        extra = [(h, d_i) for h in heads[:x]] + [(h, d_w) for h in ws]
+        ws = sorted(owed + [heads[0] + memory.d_i] * x)[:y]
+        extra = [(h, memory.d_i) for h in heads[:x]] + [(h, memory.d_w) for h in ws]
         best = min(best, _series(sorted(before + extra))[0])
     return best  # inf: it never fits, no schedule at all
+
+
+def _bits(bits: int) -> list[int]:
+    """The positions set in `bits`."""
+    out = []
+    while bits:
+        low = bits & -bits
+        out.append(low.bit_length() - 1)
+        bits ^= low
+    return out
 
 
 def _tails(model, topo: list[int], succs, r: int) -> list[float]:
@@ -304,36 +325,26 @@ def _tails(model, topo: list[int], succs, r: int) -> list[float]:
     return tail
 
 
-def _forced(model, ranks, anc, desc, limit, release) -> list[tuple[int, int, float]]:
+def _forced(model, memory: dict[int, _RankMemory], anc, desc, limit) -> list[tuple]:
     """Orders memory forces between two forwards a and b of a rank that no dependency
     orders: were b to start first, a would start holding b, everything that must come before
     either, and itself; if no input gradients and Ws that may still run before a free
     enough of that, b comes after a (an edge a -> b). On the V this is what keeps rank 0
     from running more first-chunk forwards than leave room for its second chunk's first."""
-    acts, delta = model.actions, model.delta
     out = []
-    for r, mine in ranks.items():
-        masks: dict[tuple[int, str], int] = {}
-        for x in mine:
-            masks[acts[x][:2]] = masks.get(acts[x][:2], 0) | 1 << x
-        weight = {key: delta[model.index[(*key, 0)]] for key in masks}
-        rank_i = sum(bits for (_, k), bits in masks.items() if k == "I")
-        owes = {x: model.index[acts[x][0], "I", acts[x][2]] for x in mine if acts[x][1] == "W"}
-        per_i, per_w = release[r][0], release[r][1]
-        forwards = [x for x in mine if acts[x][1] == "F"]
+    for mem in memory.values():
+        forwards = _bits(sum(bits for (_, k), bits in mem.masks.items() if k == "F"))
         for a in forwards:
             for b in forwards:
                 if b == a or anc[a] >> b & 1 or desc[a] >> b & 1:
                     continue
                 first = anc[a] | anc[b] | 1 << b  # all of it starts before a
-                held = delta[a] + sum(w * (first & masks[key]).bit_count()
-                                      for key, w in weight.items())  # fmt: skip
-                need = held - limit
+                need = model.delta[a] + mem.held(first) - limit
                 if need <= TOL:
                     continue
-                free_i = (rank_i & ~first & ~desc[a]).bit_count()
-                later = first | desc[a]  # Ws already counted, or that cannot run before a
-                owed = sum(1 for w, i in owes.items() if not later >> w & 1 and first >> i & 1)
-                if free_i * per_i + (owed + free_i) * per_w < need - TOL:
+                later = first | desc[a]  # counted already, or cannot run before a
+                free_i = (mem.inputs & ~later).bit_count()
+                owed = len(mem.owed(first, later))
+                if free_i * mem.per_i + (owed + free_i) * mem.per_w < need - TOL:
                     out.append((a, b, 0.0))
     return out
