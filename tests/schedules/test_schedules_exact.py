@@ -293,6 +293,24 @@ def test_lower_bound_on_the_v_is_certified_and_at_least_90_percent() -> None:
     assert worst >= 0.9, f"the V's instant bound falls to {worst:.1%} of the optimum"
 
 
+def test_probing_both_orders_of_two_forwards_lifts_the_v_bound_to_the_optimum(monkeypatch) -> None:
+    # the V at p=2, m=8, W cheap, under 0.75 p: rank 0 picks which chunk's forward runs
+    # first, and either order delays rank 1; the walk alone sees 26.35 (89.8% of the proven
+    # 29.35), probing both orders of each pair finds the optimum itself
+    from zbkit.schedules import _walk
+
+    costs, limit = Costs(1, 1.5, 0.5, comm=0.2), 1.5
+    found = solve_exact(pp=2, microbatches=8, costs=costs, memory_limit=limit, placement="v")
+    assert found.optimal and found.value == pytest.approx(29.35)
+    probed = lower_bound(pp=2, microbatches=8, costs=costs, memory_limit=limit, placement="v")
+    monkeypatch.setattr(_walk, "PROBE_MAX_ACTIONS", 0)
+    _walk._chains.cache_clear()
+    walked = lower_bound(pp=2, microbatches=8, costs=costs, memory_limit=limit, placement="v")
+    _walk._chains.cache_clear()
+    assert walked == pytest.approx(26.35) and walked < 0.9 * found.value
+    assert probed == pytest.approx(found.value)
+
+
 def test_lower_bound_never_passes_a_proven_optimum() -> None:
     # oracle: the solver's proof, on random settings: per-stage costs (one stage slower),
     # comm, mem_weight, limits from tight to roomy, both placements
