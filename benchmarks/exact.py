@@ -87,11 +87,15 @@ def main(quick: bool, placements: list[str]) -> int:
                 bound = lower_bound(pp=p, microbatches=m, costs=costs, memory_limit=share * p)
                 print(f"  p={p:>2} m={m:>3} {label:<14} limit {share:g}p: "
                       f"bound/zb-auto {bound / span:.1%}")  # fmt: skip
-    # up to 768 actions the bound walks every action (`_bounds.chains`); beyond, closed forms
-    for p, m in ((4, 8), (8, 32), (8, 64), (16, 128), (32, 256)):
+    # up to 768 actions the bound walks every action (`_walk.chains`), up to 192 it probes
+    # pairs of forwards (only where a rank holds two stages: the V); beyond, closed forms
+    sizes = [("linear", p, m) for p, m in ((4, 8), (8, 32), (8, 64), (16, 128), (32, 256))]
+    for placement, p, m in [*sizes, ("v", 3, 8), ("v", 4, 8), ("v", 4, 32)]:
         started = time.perf_counter()
-        lower_bound(pp=p, microbatches=m, costs=COSTS["paper-like"])
-        print(f"lower_bound at pp={p}, m={m}: {time.perf_counter() - started:.4f} s (budget 2 s)")
+        lower_bound(pp=p, microbatches=m, costs=COSTS["paper-like"], memory_limit=0.75 * p,
+                    placement=placement)  # fmt: skip
+        print(f"lower_bound at pp={p}, m={m} ({placement}, 0.75 p): "
+              f"{time.perf_counter() - started:.4f} s (budget 2 s)")  # fmt: skip
     return 0
 
 

@@ -36,8 +36,6 @@ closed forms fell to 78% of the optimum, the walk keeps 92.5% (`benchmarks/exact
 
 from __future__ import annotations
 
-import math
-
 from zbkit.schedules._timeline import TOL
 from zbkit.schedules._walk import CHAINS_MAX_ACTIONS, chains
 from zbkit.schedules.costs import Costs

@@ -40,9 +40,10 @@ class Moves:
 
     fill: tuple[float, float] = (-math.inf, math.inf)
     hold: tuple[float, float] = (-math.inf, math.inf)
+    defer: tuple[float, float] = (-math.inf, math.inf)
 
-    def covers(self, fill: float, hold: float) -> bool:
-        return _inside(fill, self.fill) and _inside(hold, self.hold)
+    def covers(self, fill: float, hold: float, defer: float = 0.0) -> bool:
+        return _inside(fill, self.fill) and _inside(hold, self.hold) and _inside(defer, self.defer)
 
 
 def _inside(x: float, interval: tuple[float, float]) -> bool:
@@ -62,8 +63,8 @@ class _Greedy:
     """The event loop of `greedy`: which rank decides when, and what it picks (`decide`);
     the timeline places what it picks."""
 
-    def __init__(self, tl: Timeline, fill: float, hold: float, moves: Moves) -> None:
-        self.tl, self.fill, self.hold, self.moves = tl, fill, hold, moves
+    def __init__(self, tl: Timeline, fill: float, hold: float, defer: float, moves: Moves) -> None:
+        self.tl, self.fill, self.hold, self.defer, self.moves = tl, fill, hold, defer, moves
         where, n, p = tl.where, len(tl.where), len(tl.free)
         # forwards are tried from the stage nearest the loss first: it brings the backward sooner
         self.f_order = [sorted((s for s in range(n) if where[s] == r), reverse=True)
@@ -119,6 +120,18 @@ class _Greedy:
                 return s
         return None
 
+    def later_forward(self, r: int, s: int) -> float | None:
+        """How soon the input of a forward of a later stage of rank r (the V's second chunk)
+        arrives, if it is on its way and would fit: it takes the microbatch to the loss."""
+        tl, best = self.tl, None
+        for t in self.f_order[r]:
+            if t <= s or tl.count["F"][t] >= tl.m:
+                continue
+            ready = tl.arrival(t, "F", tl.count["F"][t])
+            if ready is not None and ready > self.t + TOL and tl.fits(t, "F", self.reserve[t]):
+                best = ready - self.t if best is None else min(best, ready - self.t)
+        return best
+
     def waits(self, soon: float | None, length: float, share: float, which: str) -> bool:
         """Whether to wait rather than start an action of `length` that would still run when
         an I due in `soon` arrives (`share` of its length); narrows `moves` to this answer."""
@@ -138,7 +151,10 @@ class _Greedy:
         soon = heap[0][0] - t if heap else None
         s = self.next_forward(r)  # 2. a forward that fits
         if s is not None:
-            if not self.waits(soon, tl.dur[s]["F"], self.hold, "hold"):
+            if self.waits(soon, tl.dur[s]["F"], self.hold, "hold"):
+                return None
+            later = self.later_forward(r, s)
+            if not self.waits(later, tl.dur[s]["F"], self.defer, "defer"):
                 self.run(r, s, "F")
             return None
         if tl.pending[r]:  # 3. a W
@@ -176,13 +192,14 @@ def greedy(
     hold: float = 0.0,
     give_up: float = math.inf,
     moves: Moves | None = None,
+    defer: float = 0.0,
 ) -> dict[int, list[Action]]:
     """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
     `moves` (optional) is narrowed to the fill and hold values that would move the same."""
     # an input from another rank arrives the sender's comm later here (the simulator
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
-    _Greedy(tl, fill, hold, Moves() if moves is None else moves).loop()
+    _Greedy(tl, fill, hold, defer, Moves() if moves is None else moves).loop()
     if tl.placed < len(PARTS) * len(stage_to_rank) * m:
         ranks = range(len(tl.free))
         raise ValueError(

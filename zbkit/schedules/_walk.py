@@ -116,8 +116,9 @@ def _probe(model, ranks, memory, limit, walked: _Walked) -> _Walked | None:
     """Step 3: for each pair of forwards of a rank on different stages, at most a
     microbatch apart, not yet ordered, walk a-before-b and b-before-a from the current
     earliest starts; every action then starts no earlier than the earlier of its two
-    (whichever order a schedule picks, one of them holds); where one order does not fit, the
-    other is forced. Rounds until nothing moves (at most `PROBE_ROUNDS`). None where neither order fits."""
+    (whichever order a schedule picks, one of them holds); where one order does not fit,
+    the other is forced. Rounds until nothing moves (at most `PROBE_ROUNDS`). None where
+    neither order fits."""
     acts = model.actions
     pairs = [
         (a, b)
@@ -136,10 +137,10 @@ def _probe(model, ranks, memory, limit, walked: _Walked) -> _Walked | None:
                 continue  # ordered already
             first = _walk(model, ranks, memory, walked.edges + [(a, b, 0.0)], limit, walked.est)
             second = _walk(model, ranks, memory, walked.edges + [(b, a, 0.0)], limit, walked.est)
-            if first is None or second is None:
-                if first is second:
-                    return None
-                walked, moved = first or second, True
+            if first is None and second is None:
+                return None
+            if first is None or second is None:  # the order that fits is forced
+                walked, moved = second if first is None else first, True
                 continue
             est = [min(x, y) for x, y in zip(first.est, second.est, strict=True)]
             if any(x > y + TOL for x, y in zip(est, walked.est, strict=True)):

@@ -78,11 +78,12 @@ def lower_bound(
 ) -> float:
     """A certified lower bound on the longest rank span of any schedule of these sizes that
     runs each stage's microbatches in order (every builder's but GPipe's and looped BFS's
-    backwards, torch's alike), for any size and at once (no solver): the busiest rank's
+    backwards, torch's alike), for any size and fast (no solver): the busiest rank's
     work, the round trips a stage's microbatches make one after another when only k
     activations fit, for equal stages the idle time a rank cannot avoid at the start and
     end under the limit, and up to 768 actions a walk of every action's earliest start with
-    the waits memory forces (`_bounds.py`)."""
+    the waits memory forces (`_bounds.py`, `_walk.py`; up to 192 actions it also walks both
+    orders of each pair of a rank's forwards on different stages: under half a second)."""
     from zbkit.schedules import _bounds
 
     where, per, limit = _setting(pp, costs, memory_limit, placement, "lower_bound")
