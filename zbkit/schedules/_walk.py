@@ -137,10 +137,11 @@ def _probe(model, ranks, memory, limit, walked: _Walked) -> _Walked | None:
                 continue  # ordered already
             first = _walk(model, ranks, memory, walked.edges + [(a, b, 0.0)], limit, walked.est)
             second = _walk(model, ranks, memory, walked.edges + [(b, a, 0.0)], limit, walked.est)
-            if first is None and second is None:
-                return None
             if first is None or second is None:  # the order that fits is forced
-                walked, moved = second if first is None else first, True
+                kept = second if first is None else first
+                if kept is None:  # neither fits
+                    return None
+                walked, moved = kept, True
                 continue
             est = [min(x, y) for x, y in zip(first.est, second.est, strict=True)]
             if any(x > y + TOL for x, y in zip(est, walked.est, strict=True)):
