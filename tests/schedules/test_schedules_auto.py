@@ -390,32 +390,58 @@ def test_greedy_gives_up_exactly_when_it_would_end_slower():
 def test_greedy_variants_its_moves_cover_move_the_same():
     # oracle: each variant run for real. Every variant a run's `Moves` covers must build
     # the same program (a run to the end) or stop with the same message (a stopped run);
-    # and the intervals must be tight enough to cover something besides the run itself
+    # and the intervals must be tight enough to cover something besides the run itself.
+    # defer waits only where a rank holds two stages (the V): there it must count too
     rng = random.Random(5)
-    variants = [(f, h) for f in (0.0, 0.25, 0.5, 1.0) for h in (0.0, 0.5, 1.0, 2.0)]
-    covered = 0
+    variants = [
+        (f, h, d) for f in (0.0, 0.25, 0.5, 1.0) for h in (0.0, 0.5, 1.0, 2.0) for d in (0, 0.5, 1)
+    ]
+    covered = deferred = 0
     for _ in range(25):
         where, m, one = _random_greedy_setting(rng)
         c = [one] * len(where)
         limit = rng.choice([1.0, 1.5, 2.0]) * len(where)
-        fill, hold = rng.choice(variants)
-        full = greedy(where, m, c, limit, fill, hold)
+        fill, hold, defer = rng.choice(variants)
+        full = greedy(where, m, c, limit, fill, hold, defer=defer)
         give_up = rng.choice([math.inf, 0.9 * max(simulate(Schedule(full, where, m), c).span)])
         moves = Moves()
         try:
-            result = greedy(where, m, c, limit, fill, hold, give_up, moves)
+            result = greedy(where, m, c, limit, fill, hold, give_up, moves, defer)
         except Slower as err:
             result = str(err)
         for other in variants:
-            if other == (fill, hold) or not moves.covers(*other):
+            if other == (fill, hold, defer) or not moves.covers(*other):
                 continue
             covered += 1
+            deferred += other[2] != defer and len(where) > max(where) + 1
             try:
-                again = greedy(where, m, c, limit, *other, give_up)
+                again = greedy(where, m, c, limit, *other[:2], give_up, defer=other[2])
             except Slower as err:
                 again = str(err)
-            assert again == result, (fill, hold, other)
-    assert covered > 50
+            assert again == result, (fill, hold, defer, other)
+    assert covered > 50 and deferred > 10
+
+
+def test_defer_waits_for_the_second_chunk_and_zb_auto_keeps_it_where_it_is_faster():
+    # oracle: the simulator and zb-auto's other candidates. The V at p=3, m=6 under 2.7: a
+    # first-chunk forward that waits for a second-chunk one due within F/2 ends at 21.55,
+    # every candidate without the wait at 22.65 or later; zb-auto keeps the defer greedy
+    from zbkit.schedules import explain_auto
+
+    costs = Costs(F=1.3, I=0.8, W=1.1, comm=0.1, mem_weight=0.3)
+    where, per = [0, 1, 2, 2, 1, 0], [costs.share(2)] * 6
+    spans = {}
+    for defer in (0.0, 0.5):
+        program = greedy(where, 6, per, 2.7, 1.0, 0.0, defer=defer)
+        sim = simulate(Schedule(program, where, 6), per)
+        assert max(sim.peak_memory) <= 2.7 + 1e-9
+        spans[defer] = max(sim.span)
+    assert spans[0.5] == pytest.approx(21.55) and spans[0.0] > spans[0.5] + 1
+    found = explain_auto(pp=3, microbatches=6, costs=costs, memory_limit=2.7, placement="v")
+    assert found.chosen.name == "greedy fill=1 hold=0 defer=0.5"
+    assert found.span == pytest.approx(spans[0.5])
+    others = [t.span for t in found.tried if t.span is not None and t.candidate is not found.chosen]
+    assert min(others) > found.span + 1
 
 
 def test_zb_auto_hands_out_copies_of_what_it_remembers():

@@ -9,8 +9,11 @@ Whenever a rank is free it picks, in this order:
      frees memory when the limit stops the next F.
 An I is on the critical path (every stage before it waits), so `hold` > 0 (`fill` > 0)
 makes a rank wait instead of starting an F (a W) that would delay an I known to arrive
-within `hold * F` (`fill * W`). zb-auto tries a few such policies (named in
-`_candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
+within `hold * F` (`fill * W`). Where a rank holds two stages (the V), `defer` > 0 makes it
+wait rather than start a first-chunk forward when a later stage's forward is due within
+`defer * F`: that one takes its microbatch to the loss, and so the input gradients back,
+sooner (what the proven optima do under tight limits). zb-auto tries a few such policies
+(named in `_candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
 
 What the picked action then does (when it starts and ends, the memory it holds, the W it
 leaves owed) is the timeline's (`_timeline.Timeline`), as for every searched builder;
@@ -33,8 +36,8 @@ __all__ = ["Moves", "greedy"]
 
 @dataclass
 class Moves:
-    """The `fill` and `hold` values for which `greedy` makes the same moves as a run did
-    (each an open interval): every wait test that run made comes out the same for them.
+    """The `fill`, `hold` and `defer` values for which `greedy` makes the same moves as a run
+    did (each an open interval): every wait test that run made comes out the same for them.
     A run that stopped (`Slower`) stops at the same point, or earlier, for any such
     variant with the same or a smaller `give_up`: that variant need not be run."""
 
@@ -195,7 +198,8 @@ def greedy(
     defer: float = 0.0,
 ) -> dict[int, list[Action]]:
     """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
-    `moves` (optional) is narrowed to the fill and hold values that would move the same."""
+    `moves` (optional) is narrowed to the fill, hold and defer values that would move the
+    same."""
     # an input from another rank arrives the sender's comm later here (the simulator
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
