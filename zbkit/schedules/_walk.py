@@ -8,9 +8,10 @@ any costs and placement; `_bounds.lower_bound` takes it up to `CHAINS_MAX_ACTION
      rank's work that must come first, run in series; a forward that would hold more than
      the limit waits until enough input gradients (and Ws) that may run before it have;
   3. up to `PROBE_MAX_ACTIONS`, probing (`_probe`): for two forwards of one rank on different
-     stages, a microbatch apart at most, that nothing orders yet, walk both orders; each
-     action starts no earlier than the earlier of its two starts (and where one order
-     cannot fit at all, the other is forced). One rank's choice of which chunk's forward
+     stages, a microbatch apart at most, that nothing orders yet and where each order
+     delays the forward it puts second (`_delays`), walk both orders; each action starts
+     no earlier than the earlier of its two starts (and where one order cannot fit at
+     all, the other is forced). One rank's choice of which chunk's forward
      to run first delays the other ranks either way: on the V at p=2, m=8 (W cheap, under
      0.75 p) steps 1-2 see 26.35 and probing the proven optimum, 29.35;
   4. per rank, those earliest starts against what each action leaves to do on the rank
@@ -30,7 +31,7 @@ from zbkit.schedules.costs import Costs
 # microbatch) the closed forms are the bound (p=4, m=8 takes a few ms, 768 actions 0.1 s)
 CHAINS_MAX_ACTIONS = 768
 # probing (step 3) walks twice per pair of forwards, rounds until nothing moves: the V at
-# p=3, m=8 (144 actions) takes 0.1-0.3 s, p=4, m=8 (192) 0.5 s, 288 actions 2.6 s
+# p=3, m=8 (144 actions) takes 0.1-0.25 s, p=4, m=8 (192) 0.15-0.4 s, 288 actions 0.9-2 s
 PROBE_MAX_ACTIONS = 192
 PROBE_ROUNDS = 16  # each round that moves raises some start; a cap keeps the time bounded
 
@@ -61,7 +62,7 @@ def _chains(where: tuple[int, ...], m: int, costs: tuple[Costs, ...], limit: flo
     model = Model(list(where), m, list(costs))
     ranks = by_rank(model)
     memory = {r: _RankMemory(model, mine, list(costs)) for r, mine in ranks.items()}
-    walked = _walk(model, ranks, memory, list(model.edges), limit, [0.0] * len(model.actions))
+    walked = _walk(model, ranks, memory, list(model.edges), limit, None)
     if walked is not None and len(model.actions) <= PROBE_MAX_ACTIONS:
         walked = _probe(model, ranks, memory, limit, walked)
     if walked is None:  # the orders forced contradict, or a forward never fits
@@ -76,10 +77,10 @@ def _chains(where: tuple[int, ...], m: int, costs: tuple[Costs, ...], limit: flo
     return best
 
 
-def _walk(model, ranks, memory, edges, limit, est0: list[float]) -> _Walked | None:
-    """Steps 1 and 2 from earliest starts `est0` (each a bound already: zeros, or an earlier
-    walk's): the orders memory forces, then each action's earliest start, until nothing
-    moves. None where no order fits."""
+def _walk(model, ranks, memory, edges, limit, base: _Walked | None) -> _Walked | None:
+    """Steps 1 and 2 from `base`'s earliest starts (each a bound already; zeros where None),
+    `edges` its dependencies and more: the orders memory forces, then each action's earliest
+    start, until nothing moves. None where no order fits."""
     from zbkit.schedules._cpsat import graph
 
     n, dur, rank, acts, pins = len(model.actions), model.dur, model.rank, model.actions, model.pins
@@ -92,24 +93,48 @@ def _walk(model, ranks, memory, edges, limit, est0: list[float]) -> _Walked | No
         if not forced:
             break
         edges = edges + forced
-    est = list(est0)
+    est = [0.0] * n if base is None else list(base.est)
+    mine = [_bits(anc[a] & memory[rank[a]].all) for a in range(n)]  # the rank's work before a
+    # what a's start reads: its dependencies, its rank's work before it, and for a forward
+    # every action of its rank (the input gradients and Ws that make room)
+    reads = [sum(1 << b for b, _ in preds[a]) | anc[a] & memory[rank[a]].all for a in range(n)]
+    for a in range(n):
+        if acts[a][1] == "F":
+            reads[a] |= memory[rank[a]].all
+    # bitsets: what to look at once (all, or what the new edges change), what moved in the
+    # last pass and in this one
+    fresh = -1 if base is None else _changed(anc, desc, base)
+    moved = 0
     for _ in range(n):  # a forward's wait reads I's later in the order: until nothing moves
-        moved = False
+        last, moved = moved, 0
         for a in topo:
+            if not (fresh >> a & 1 or reads[a] & (last | moved)):
+                continue  # nothing it reads moved since it was last looked at
             r = rank[a]
             start = max([pins[r], est[a]] + [est[b] + dur[b] + hop for b, hop in preds[a]])
             before = [(pins[r], 0.0)]  # the rank's first forward starts there
-            before += sorted((est[b], dur[b]) for b in ranks[r] if anc[a] >> b & 1)
+            before += sorted((est[b], dur[b]) for b in mine[a])
             start = max(start, _series(before)[0])
             if acts[a][1] == "F":
-                start = max(start, _room(a, model, memory[r], anc, desc, est, limit, before))
+                start = max(start, _room(a, model, memory[r], anc[a], desc[a], est, limit, before))
                 if start == math.inf:  # it never fits
                     return None
             if start > est[a] + TOL:
-                est[a], moved = start, True
+                est[a] = start
+                moved |= 1 << a
+        fresh = 0
         if not moved:
             break
     return _Walked(est, edges, anc, desc, topo, succs)
+
+
+def _changed(anc: list[int], desc: list[int], base: _Walked) -> int:
+    """The actions whose ancestors or descendants differ from `base`'s, as a bitset."""
+    out = 0
+    for a, (x, y) in enumerate(zip(anc, desc, strict=True)):
+        if x != base.anc[a] or y != base.desc[a]:
+            out |= 1 << a
+    return out
 
 
 def _probe(model, ranks, memory, limit, walked: _Walked) -> _Walked | None:
@@ -135,8 +160,11 @@ def _probe(model, ranks, memory, limit, walked: _Walked) -> _Walked | None:
         for a, b in pairs:
             if walked.anc[a] >> b & 1 or walked.desc[a] >> b & 1:
                 continue  # ordered already
-            first = _walk(model, ranks, memory, walked.edges + [(a, b, 0.0)], limit, walked.est)
-            second = _walk(model, ranks, memory, walked.edges + [(b, a, 0.0)], limit, walked.est)
+            if not (_delays(model, memory, walked, limit, a, b) and
+                    _delays(model, memory, walked, limit, b, a)):  # fmt: skip
+                continue  # one order moves nothing where it starts: the min moves nothing
+            first = _walk(model, ranks, memory, walked.edges + [(a, b, 0.0)], limit, walked)
+            second = _walk(model, ranks, memory, walked.edges + [(b, a, 0.0)], limit, walked)
             if first is None or second is None:  # the order that fits is forced
                 kept = second if first is None else first
                 if kept is None:  # neither fits
@@ -149,6 +177,21 @@ def _probe(model, ranks, memory, limit, walked: _Walked) -> _Walked | None:
         if not moved:
             break
     return walked
+
+
+def _delays(model, memory, walked: _Walked, limit, a: int, b: int) -> bool:
+    """Whether forward b would start later than its earliest start were a (of its rank)
+    to run first: after a's end, after a and the rank's work before either in series, or
+    holding a's activation too. Where it would not, probing the pair is skipped (that order
+    most likely moves nothing at all; skipping a probe only leaves the bound lower)."""
+    est, dur, r = walked.est, model.dur, model.rank[b]
+    if est[a] + dur[a] > est[b] + TOL:
+        return True
+    anc_b = walked.anc[b] | walked.anc[a] | 1 << a
+    before = [(model.pins[r], 0.0)] + sorted((est[x], dur[x]) for x in _bits(anc_b & memory[r].all))
+    if _series(before)[0] > est[b] + TOL:
+        return True
+    return _room(b, model, memory[r], anc_b, walked.desc[b], est, limit, before) > est[b] + TOL
 
 
 def _reach(order: list[int], edges: list[list[tuple[int, float]]]) -> list[int]:
@@ -183,6 +226,7 @@ class _RankMemory:
             self.masks[acts[x][:2]] = self.masks.get(acts[x][:2], 0) | 1 << x
         # a stage's every action of a kind changes memory alike (its Costs)
         self.weight = {key: model.delta[model.index[(*key, 0)]] for key in self.masks}
+        self.all = sum(self.masks.values())
         self.inputs = sum(bits for (_, k), bits in self.masks.items() if k == "I")
         # each W and the I it follows
         self.owes = {x: model.index[acts[x][0], "I", acts[x][2]] for x in mine if acts[x][1] == "W"}
@@ -200,19 +244,19 @@ class _RankMemory:
         return [w for w, i in self.owes.items() if not later >> w & 1 and before >> i & 1]
 
 
-def _room(a, model, memory: _RankMemory, anc, desc, est, limit, before) -> float:
+def _room(a, model, memory: _RankMemory, anc_a, desc_a, est, limit, before) -> float:
     """When forward `a` can start at the earliest for memory: what must run before it
     (`before`: the rank's first start, then its earlier work, (earliest start, duration)
     sorted) and a itself hold more than `limit` unless enough I's (and Ws) that may run
     before it have: for each way to free enough, x I's (no earlier than the x earliest of
     them, each at least the shortest I) and y Ws, all in series with `before`; the cheapest
     way."""
-    need = model.delta[a] + memory.held(anc[a]) - limit
+    need = model.delta[a] + memory.held(anc_a) - limit
     if need <= TOL:
         return 0.0
-    later = anc[a] | desc[a]  # ran already, or cannot run before a
+    later = anc_a | desc_a  # ran already, or cannot run before a
     heads = sorted(est[b] for b in _bits(memory.inputs & ~later))
-    owed = sorted(est[w] for w in memory.owed(anc[a], later))
+    owed = sorted(est[w] for w in memory.owed(anc_a, later))
     best = math.inf
     for x in range(len(heads) + 1):
         rest, y = need - x * memory.per_i, 0
