@@ -391,41 +391,47 @@ def test_greedy_variants_its_moves_cover_move_the_same():
     # oracle: each variant run for real. Every variant a run's `Moves` covers must build
     # the same program (a run to the end) or stop with the same message (a stopped run);
     # and the intervals must be tight enough to cover something besides the run itself.
-    # defer waits only where a rank holds two stages (the V): there it must count too
+    # defer and lead act only where a rank holds two stages (the V): there they must count too
     rng = random.Random(5)
     variants = [
-        (f, h, d) for f in (0.0, 0.25, 0.5, 1.0) for h in (0.0, 0.5, 1.0, 2.0) for d in (0, 0.5, 1)
+        (f, h, d, lead)
+        for f in (0.0, 0.5, 1.0)
+        for h in (0.0, 0.5, 2.0)
+        for d in (0, 0.5, 1)
+        for lead in (1.0, 1.5, math.inf)
     ]
-    covered = deferred = 0
+    covered = deferred = led = 0
     for _ in range(25):
         where, m, one = _random_greedy_setting(rng)
         c = [one] * len(where)
         limit = rng.choice([1.0, 1.5, 2.0]) * len(where)
-        fill, hold, defer = rng.choice(variants)
-        full = greedy(where, m, c, limit, fill, hold, defer=defer)
+        fill, hold, defer, lead = rng.choice(variants)
+        full = greedy(where, m, c, limit, fill, hold, defer=defer, lead=lead)
         give_up = rng.choice([math.inf, 0.9 * max(simulate(Schedule(full, where, m), c).span)])
         moves = Moves()
         try:
-            result = greedy(where, m, c, limit, fill, hold, give_up, moves, defer)
+            result = greedy(where, m, c, limit, fill, hold, give_up, moves, defer, lead)
         except Slower as err:
             result = str(err)
         for other in variants:
-            if other == (fill, hold, defer) or not moves.covers(*other):
+            if other == (fill, hold, defer, lead) or not moves.covers(*other):
                 continue
             covered += 1
-            deferred += other[2] != defer and len(where) > max(where) + 1
+            v = len(where) > max(where) + 1
+            deferred += other[2] != defer and v
+            led += other[3] != lead and v
             try:
-                again = greedy(where, m, c, limit, *other[:2], give_up, defer=other[2])
+                again = greedy(where, m, c, limit, *other[:2], give_up, None, *other[2:])
             except Slower as err:
                 again = str(err)
-            assert again == result, (fill, hold, defer, other)
-    assert covered > 50 and deferred > 10
+            assert again == result, (fill, hold, defer, lead, other)
+    assert covered > 50 and deferred > 10 and led > 10
 
 
 def test_defer_waits_for_the_second_chunk_and_zb_auto_keeps_it_where_it_is_faster():
     # oracle: the simulator and zb-auto's other candidates. The V at p=3, m=6 under 2.7: a
     # first-chunk forward that waits for a second-chunk one due within F/2 ends at 21.55,
-    # every candidate without the wait at 22.65 or later; zb-auto keeps the defer greedy
+    # every greedy without the wait or the lead cap at 22.65 or later; zb-auto keeps it
     from zbkit.schedules import explain_auto
 
     costs = Costs(F=1.3, I=0.8, W=1.1, comm=0.1, mem_weight=0.3)
@@ -440,8 +446,38 @@ def test_defer_waits_for_the_second_chunk_and_zb_auto_keeps_it_where_it_is_faste
     found = explain_auto(pp=3, microbatches=6, costs=costs, memory_limit=2.7, placement="v")
     assert found.chosen.name == "greedy fill=1 hold=0 defer=0.5"
     assert found.span == pytest.approx(spans[0.5])
-    others = [t.span for t in found.tried if t.span is not None and t.candidate is not found.chosen]
-    assert min(others) > found.span + 1
+    plain = [t.span for t in found.tried if t.span is not None and "=" in t.candidate.name
+             and "defer" not in t.candidate.name and "lead" not in t.candidate.name]  # fmt: skip
+    assert plain and min(plain) > found.span + 1
+
+
+def test_lead_caps_the_first_chunk_and_gains_where_memory_is_tight():
+    # oracle: the program itself (how far each rank's first chunk runs ahead of its second,
+    # counted) and the simulator. The V at p=4, m=8, W cheap, under 0.75 p: with the cap
+    # at 1.5 (p - r - 1/2) the greedy ends at 33.55, without it at 39.85
+    costs = Costs(1, 1.5, 0.5, comm=0.2)
+    p, m, limit = 4, 8, 3.0
+    where, per = [0, 1, 2, 3, 3, 2, 1, 0], [costs.share(2)] * 8
+    spans = {}
+    for lead in (1.5, math.inf):
+        program = greedy(where, m, per, limit, 1.0, 0.0, lead=lead)
+        sim = simulate(Schedule(program, where, m), per)
+        assert max(sim.peak_memory) <= limit + 1e-9
+        spans[lead] = max(sim.span)
+        for r in range(p):
+            first, second = r, 2 * p - 1 - r
+            done = {first: 0, second: 0}
+            most = 0
+            for a in program[r]:
+                if a.kind == "F":
+                    done[a.stage] += 1
+                    most = max(most, done[first] - done[second])
+            capped = max(1, math.ceil(1.5 * (second - first) / 2 - 1e-9))
+            if lead == 1.5:
+                assert most <= capped, (r, most)
+            elif r in (1, 2):  # uncapped, the middle ranks run further ahead (memory
+                assert most > capped, (r, most)  # alone holds rank 0 at 5, under its 6)
+    assert spans[1.5] == pytest.approx(33.55) and spans[math.inf] == pytest.approx(39.85)
 
 
 def test_zb_auto_hands_out_copies_of_what_it_remembers():

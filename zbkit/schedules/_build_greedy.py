@@ -12,8 +12,12 @@ makes a rank wait instead of starting an F (a W) that would delay an I known to 
 within `hold * F` (`fill * W`). Where a rank holds two stages (the V), `defer` > 0 makes it
 wait rather than start a first-chunk forward when a later stage's forward is due within
 `defer * F`: that one takes its microbatch to the loss, and so the input gradients back,
-sooner (what the proven optima do under tight limits). zb-auto tries a few such policies
-(named in `_candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
+sooner (what the proven optima do under tight limits); `lead` caps how many first-chunk
+forwards a rank runs ahead of its second chunk (`lead` times half the stages between them,
+p - r on rank r of the V for 1), where filling memory with first-chunk activations would
+starve the second chunk (the proven optima under tight limits run fewer). zb-auto tries a
+few such policies (named in `_candidates.CANDIDATES`) and keeps the fastest, timed by the
+simulator's engine.
 
 What the picked action then does (when it starts and ends, the memory it holds, the W it
 leaves owed) is the timeline's (`_timeline.Timeline`), as for every searched builder;
@@ -36,17 +40,24 @@ __all__ = ["Moves", "greedy"]
 
 @dataclass
 class Moves:
-    """The `fill`, `hold` and `defer` values for which `greedy` makes the same moves as a run
-    did (each an open interval): every wait test that run made comes out the same for them.
+    """The `fill`, `hold`, `defer` and `lead` values for which `greedy` makes the same moves as
+    a run did (each an open interval): every wait or cap test that run made comes out the
+    same for them.
     A run that stopped (`Slower`) stops at the same point, or earlier, for any such
     variant with the same or a smaller `give_up`: that variant need not be run."""
 
     fill: tuple[float, float] = (-math.inf, math.inf)
     hold: tuple[float, float] = (-math.inf, math.inf)
     defer: tuple[float, float] = (-math.inf, math.inf)
+    lead: tuple[float, float] = (-math.inf, math.inf)
 
-    def covers(self, fill: float, hold: float, defer: float = 0.0) -> bool:
-        return _inside(fill, self.fill) and _inside(hold, self.hold) and _inside(defer, self.defer)
+    def covers(self, fill: float, hold: float, defer: float = 0.0, lead: float = math.inf) -> bool:
+        return (
+            _inside(fill, self.fill)
+            and _inside(hold, self.hold)
+            and _inside(defer, self.defer)
+            and _inside(lead, self.lead)
+        )
 
 
 def _inside(x: float, interval: tuple[float, float]) -> bool:
@@ -66,9 +77,15 @@ class _Greedy:
     """The event loop of `greedy`: which rank decides when, and what it picks (`decide`);
     the timeline places what it picks."""
 
-    def __init__(self, tl: Timeline, fill: float, hold: float, defer: float, moves: Moves) -> None:
-        self.tl, self.fill, self.hold, self.defer, self.moves = tl, fill, hold, defer, moves
+    def __init__(
+        self, tl: Timeline, fill: float, hold: float, defer: float, lead: float, moves: Moves
+    ) -> None:
+        self.tl, self.fill, self.hold, self.defer, self.lead = tl, fill, hold, defer, lead
+        self.moves = moves
         where, n, p = tl.where, len(tl.where), len(tl.free)
+        # each stage's next stage on the same rank (the V's second chunk), if any
+        self.later = [next((t for t in range(s + 1, n) if where[t] == where[s]), None)
+                      for s in range(n)]  # fmt: skip
         # forwards are tried from the stage nearest the loss first: it brings the backward sooner
         self.f_order = [sorted((s for s in range(n) if where[s] == r), reverse=True)
                         for r in range(p)]  # fmt: skip
@@ -119,9 +136,22 @@ class _Greedy:
             ready = tl.arrival(s, "F", tl.count["F"][s])
             if ready is None or ready > self.t + TOL:
                 continue
-            if tl.fits(s, "F", self.reserve[s]):
+            if tl.fits(s, "F", self.reserve[s]) and not self.too_far_ahead(s):
                 return s
         return None
+
+    def too_far_ahead(self, s: int) -> bool:
+        """Whether stage s already runs `lead` times half the stages to its rank's next one
+        forwards ahead of that one (at least one): the V's first chunk ahead of its second
+        (with lead 1, p - r on rank r); narrows `moves` to this answer."""
+        t = self.later[s]
+        ahead = 0 if t is None else self.tl.count["F"][s] - self.tl.count["F"][t]
+        if t is None or ahead < 1:
+            return False
+        at = 2 * ahead / (t - s)  # lead values up to this hold the stage back
+        stop = self.lead <= at + TOL
+        self.moves.lead = _narrow(self.moves.lead, at, not stop)
+        return stop
 
     def later_forward(self, r: int, s: int) -> float | None:
         """How soon the input of a forward of a later stage of rank r (the V's second chunk)
@@ -196,14 +226,15 @@ def greedy(
     give_up: float = math.inf,
     moves: Moves | None = None,
     defer: float = 0.0,
+    lead: float = math.inf,
 ) -> dict[int, list[Action]]:
     """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
-    `moves` (optional) is narrowed to the fill, hold and defer values that would move the
-    same."""
+    `moves` (optional) is narrowed to the fill, hold, defer and lead values that would move
+    the same."""
     # an input from another rank arrives the sender's comm later here (the simulator
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
-    _Greedy(tl, fill, hold, defer, Moves() if moves is None else moves).loop()
+    _Greedy(tl, fill, hold, defer, lead, Moves() if moves is None else moves).loop()
     if tl.placed < len(PARTS) * len(stage_to_rank) * m:
         ranks = range(len(tl.free))
         raise ValueError(
