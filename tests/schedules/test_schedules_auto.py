@@ -391,41 +391,44 @@ def test_greedy_variants_its_moves_cover_move_the_same():
     # oracle: each variant run for real. Every variant a run's `Moves` covers must build
     # the same program (a run to the end) or stop with the same message (a stopped run);
     # and the intervals must be tight enough to cover something besides the run itself.
-    # defer and lead act only where a rank holds two stages (the V): there they must count too
+    # defer and lead act only where a rank holds two stages (the V): there they must count too;
+    # feed everywhere
     rng = random.Random(5)
     variants = [
-        (f, h, d, lead)
+        (f, h, d, lead, feed)
         for f in (0.0, 0.5, 1.0)
         for h in (0.0, 0.5, 2.0)
         for d in (0, 0.5, 1)
         for lead in (1.0, 1.5, math.inf)
+        for feed in (0.0, 1.0)
     ]
-    covered = deferred = led = 0
+    covered = deferred = led = fed = 0
     for _ in range(25):
         where, m, one = _random_greedy_setting(rng)
         c = [one] * len(where)
         limit = rng.choice([1.0, 1.5, 2.0]) * len(where)
-        fill, hold, defer, lead = rng.choice(variants)
-        full = greedy(where, m, c, limit, fill, hold, defer=defer, lead=lead)
+        fill, hold, defer, lead, feed = run = rng.choice(variants)
+        full = greedy(where, m, c, limit, fill, hold, defer=defer, lead=lead, feed=feed)
         give_up = rng.choice([math.inf, 0.9 * max(simulate(Schedule(full, where, m), c).span)])
         moves = Moves()
         try:
-            result = greedy(where, m, c, limit, fill, hold, give_up, moves, defer, lead)
+            result = greedy(where, m, c, limit, fill, hold, give_up, moves, defer, lead, feed)
         except Slower as err:
             result = str(err)
         for other in variants:
-            if other == (fill, hold, defer, lead) or not moves.covers(*other):
+            if other == run or not moves.covers(*other):
                 continue
             covered += 1
             v = len(where) > max(where) + 1
             deferred += other[2] != defer and v
             led += other[3] != lead and v
+            fed += other[4] != feed
             try:
                 again = greedy(where, m, c, limit, *other[:2], give_up, None, *other[2:])
             except Slower as err:
                 again = str(err)
-            assert again == result, (fill, hold, defer, lead, other)
-    assert covered > 50 and deferred > 10 and led > 10
+            assert again == result, (run, other)
+    assert covered > 50 and deferred > 10 and led > 10 and fed > 10
 
 
 def test_defer_waits_for_the_second_chunk_and_zb_auto_keeps_it_where_it_is_faster():

@@ -9,15 +9,16 @@ Whenever a rank is free it picks, in this order:
      frees memory when the limit stops the next F.
 An I is on the critical path (every stage before it waits), so `hold` > 0 (`fill` > 0)
 makes a rank wait instead of starting an F (a W) that would delay an I known to arrive
-within `hold * F` (`fill * W`). Where a rank holds two stages (the V), `defer` > 0 makes it
-wait rather than start a first-chunk forward when a later stage's forward is due within
-`defer * F`: that one takes its microbatch to the loss, and so the input gradients back,
-sooner (what the proven optima do under tight limits); `lead` caps how many first-chunk
-forwards a rank runs ahead of its second chunk (`lead` times half the stages between them,
-p - r on rank r of the V for 1), where filling memory with first-chunk activations would
-starve the second chunk (the proven optima under tight limits run fewer). zb-auto tries a
-few such policies (named in `_candidates.CANDIDATES`) and keeps the fastest, timed by the
-simulator's engine.
+within `hold * F` (`fill * W`); `feed` > 0 makes a W wait for a forward due within
+`feed * W` too (on the last stage an F is the critical path: its I follows at once; the
+proven optima under tight limits keep Ws back for it). Where a rank holds two stages (the
+V), `defer` > 0 makes it wait rather than start a first-chunk forward when a later stage's
+forward is due within `defer * F` (that one takes its microbatch to the loss, and so the
+input gradients back, sooner), and `lead` caps how many first-chunk forwards a rank runs
+ahead of its second chunk (`lead` times half the stages between them: p - r on rank r of
+the V for 1), where first-chunk activations would fill the memory the second chunk needs.
+Both are what the proven optima do under tight limits. zb-auto tries a few such policies
+(named in `_candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
 
 What the picked action then does (when it starts and ends, the memory it holds, the W it
 leaves owed) is the timeline's (`_timeline.Timeline`), as for every searched builder;
@@ -40,8 +41,8 @@ __all__ = ["Moves", "greedy"]
 
 @dataclass
 class Moves:
-    """The `fill`, `hold`, `defer` and `lead` values for which `greedy` makes the same moves as
-    a run did (each an open interval): every wait or cap test that run made comes out the
+    """The `fill`, `hold`, `defer`, `lead` and `feed` values for which `greedy` makes the same
+    moves as a run did (each an open interval): every wait or cap test that run made comes out the
     same for them.
     A run that stopped (`Slower`) stops at the same point, or earlier, for any such
     variant with the same or a smaller `give_up`: that variant need not be run."""
@@ -50,13 +51,17 @@ class Moves:
     hold: tuple[float, float] = (-math.inf, math.inf)
     defer: tuple[float, float] = (-math.inf, math.inf)
     lead: tuple[float, float] = (-math.inf, math.inf)
+    feed: tuple[float, float] = (-math.inf, math.inf)
 
-    def covers(self, fill: float, hold: float, defer: float = 0.0, lead: float = math.inf) -> bool:
+    def covers(self, fill: float, hold: float, *more: float) -> bool:
+        """Whether (fill, hold[, defer, lead, feed]) moves as the run did (later ones: off)."""
+        defer, lead, feed = (*more, *(0.0, math.inf, 0.0)[len(more) :])
         return (
             _inside(fill, self.fill)
             and _inside(hold, self.hold)
             and _inside(defer, self.defer)
             and _inside(lead, self.lead)
+            and _inside(feed, self.feed)
         )
 
 
@@ -77,11 +82,9 @@ class _Greedy:
     """The event loop of `greedy`: which rank decides when, and what it picks (`decide`);
     the timeline places what it picks."""
 
-    def __init__(
-        self, tl: Timeline, fill: float, hold: float, defer: float, lead: float, moves: Moves
-    ) -> None:
-        self.tl, self.fill, self.hold, self.defer, self.lead = tl, fill, hold, defer, lead
-        self.moves = moves
+    def __init__(self, tl: Timeline, fill: float, hold: float, moves: Moves, **more: float) -> None:
+        self.tl, self.fill, self.hold, self.moves = tl, fill, hold, moves
+        self.defer, self.lead, self.feed = more["defer"], more["lead"], more["feed"]
         where, n, p = tl.where, len(tl.where), len(tl.free)
         # each stage's next stage on the same rank (the V's second chunk), if any
         self.later = [next((t for t in range(s + 1, n) if where[t] == where[s]), None)
@@ -153,12 +156,13 @@ class _Greedy:
         self.moves.lead = _narrow(self.moves.lead, at, not stop)
         return stop
 
-    def later_forward(self, r: int, s: int) -> float | None:
-        """How soon the input of a forward of a later stage of rank r (the V's second chunk)
-        arrives, if it is on its way and would fit: it takes the microbatch to the loss."""
+    def forward_due(self, r: int, after: int = -1) -> float | None:
+        """How soon the input of rank r's next forward of a stage after `after` arrives (all
+        of them by default; for `defer`, the V's second chunk: it takes the microbatch to
+        the loss), if it is on its way and would fit."""
         tl, best = self.tl, None
         for t in self.f_order[r]:
-            if t <= s or tl.count["F"][t] >= tl.m:
+            if t <= after or tl.count["F"][t] >= tl.m:
                 continue
             ready = tl.arrival(t, "F", tl.count["F"][t])
             if ready is not None and ready > self.t + TOL and tl.fits(t, "F", self.reserve[t]):
@@ -186,13 +190,15 @@ class _Greedy:
         if s is not None:
             if self.waits(soon, tl.dur[s]["F"], self.hold, "hold"):
                 return None
-            later = self.later_forward(r, s)
+            later = self.forward_due(r, after=s)
             if not self.waits(later, tl.dur[s]["F"], self.defer, "defer"):
                 self.run(r, s, "F")
             return None
         if tl.pending[r]:  # 3. a W
             s, j = tl.pending[r][0]
-            if not self.waits(soon, tl.dur[s]["W"], self.fill, "fill"):
+            if self.waits(soon, tl.dur[s]["W"], self.fill, "fill"):
+                return None
+            if not self.waits(self.forward_due(r), tl.dur[s]["W"], self.feed, "feed"):
                 tl.pending[r].popleft()
                 self.run(r, s, "W", j)
         return None
@@ -227,14 +233,16 @@ def greedy(
     moves: Moves | None = None,
     defer: float = 0.0,
     lead: float = math.inf,
+    feed: float = 0.0,
 ) -> dict[int, list[Action]]:
     """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
-    `moves` (optional) is narrowed to the fill, hold, defer and lead values that would move
-    the same."""
+    `moves` (optional) is narrowed to the fill, hold, defer, lead and feed values that would
+    move the same."""
     # an input from another rank arrives the sender's comm later here (the simulator
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
-    _Greedy(tl, fill, hold, defer, lead, Moves() if moves is None else moves).loop()
+    moves = Moves() if moves is None else moves
+    _Greedy(tl, fill, hold, moves, defer=defer, lead=lead, feed=feed).loop()
     if tl.placed < len(PARTS) * len(stage_to_rank) * m:
         ranks = range(len(tl.free))
         raise ValueError(
