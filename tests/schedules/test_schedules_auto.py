@@ -587,8 +587,9 @@ def test_zb_auto_v_skipping_repeated_greedy_moves_changes_nothing():
     kept = max(simulate(found.schedule, costs).span)
     where = Problem(p, m, [costs] * 2 * p, 2.0 * p, "v").stage_to_rank
     for t in skipped:
-        fill, hold = (float(v.split("=")[1]) for v in t.candidate.name.split()[1:])
-        program = greedy(where, m, [costs] * 2 * p, 2.0 * p, fill, hold)
+        waits = {k: float(v) for k, v in (w.split("=") for w in t.candidate.name.split()[1:])}
+        fill, hold = waits.pop("fill"), waits.pop("hold")
+        program = greedy(where, m, [costs] * 2 * p, 2.0 * p, fill, hold, **waits)
         span = max(simulate(Schedule(program, where, m), costs).span)
         assert span >= kept - 1e-9, t.candidate.name
 

@@ -207,7 +207,7 @@ def test_zb_auto_is_the_proven_optimum_where_it_solves_and_says_so(monkeypatch) 
         assert "how far from optimal: optimal" in repr(auto), (p, m, costs, limit)
     monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)  # not installed
     costs = Costs(1, 1.5, 0.5, comm=0.2)
-    plain = explain_auto(pp=3, microbatches=4, costs=costs, memory_limit=2.5)
+    plain = explain_auto(pp=4, microbatches=8, costs=costs, memory_limit=4)  # the 31.4
     row = next(t for t in plain.tried if t.candidate.name == "exact (CP-SAT)")
     assert row.note == "not run: needs CP-SAT (pip install 'zbkit[exact]')"
 
