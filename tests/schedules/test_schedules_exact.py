@@ -133,6 +133,24 @@ def test_makespan_objective_and_bad_input() -> None:
         solve_exact(pp=2, microbatches=2, objective="speed")
     with pytest.raises(ValueError, match="memory_limit=0.5 is below what any order holds"):
         solve_exact(pp=2, microbatches=2, memory_limit=0.5)
+    # each entry point names itself and what to change, before any work
+    bad = [
+        (dict(microbatches=0), "microbatches must be an int >= 1, got 0"),
+        (dict(pp=2.5), "pp must be an int >= 1, got 2.5"),
+        (dict(placement="w"), "placement must be 'linear' or 'v', got 'w'"),
+        (dict(memory_limit="3"), "memory_limit must be a number, got '3'"),
+        # the V's rank holds both chunks' activations of a microbatch at once: 2 x 0.5
+        (dict(memory_limit=0.75, placement="v"), r"below what any order holds: .* \(1\)"),
+    ]
+    entries = {
+        "lower_bound": lower_bound,
+        "solve": solve_exact,
+        "zb-opt": lambda **kw: build_schedule("zb-opt", **kw),
+    }
+    for changed, message in bad:
+        for who, entry in entries.items():
+            with pytest.raises(ValueError, match=f"^{who}: .*{message}"):
+                entry(**{"pp": 2, "microbatches": 2, **changed})
 
 
 def test_without_cp_sat_the_error_names_the_extra(monkeypatch) -> None:

@@ -86,23 +86,45 @@ def lower_bound(
     orders of each pair of a rank's forwards on different stages: under half a second)."""
     from zbkit.schedules import _bounds
 
-    where, per, limit = _setting(pp, costs, memory_limit, placement, "lower_bound")
+    where, per, limit = _setting(pp, microbatches, costs, memory_limit, placement, "lower_bound")
     return _bounds.lower_bound(where, microbatches, per, limit, placement)
 
 
 def _setting(
     pp: int,
+    microbatches: int,
     costs: Costs | Sequence[Costs] | None,
     memory_limit: float | None,
     placement: str,
     who: str,
 ) -> tuple[list[int], list[Costs], float]:
     """Where the stages live, each stage's costs (`Costs`' rule) and the memory limit
-    (1F1B's rank-0 peak unless given), as every entry point here reads its arguments."""
+    (1F1B's rank-0 peak unless given), as every entry point here reads its arguments; a
+    ValueError naming what to change where a size or the limit cannot be."""
+    for label, value in (("pp", pp), ("microbatches", microbatches)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{who}: {label} must be an int >= 1, got {value!r}")
+    if placement not in ("linear", "v"):
+        raise ValueError(f"{who}: placement must be 'linear' or 'v', got {placement!r}")
     where = stage_to_rank(placement, pp)
     per = per_stage(costs, where, who)
-    limit = one_f_one_b_peak(where, per) if memory_limit is None else float(memory_limit)
-    return where, per, limit
+    if memory_limit is None:
+        return where, per, one_f_one_b_peak(where, per)
+    if not isinstance(memory_limit, int | float) or isinstance(memory_limit, bool):
+        raise ValueError(f"{who}: memory_limit must be a number, got {memory_limit!r}")
+    # a rank holds one microbatch's activations of all its stages at once (the V's two
+    # chunks: the first one's until the second one's I has run)
+    least = max(
+        sum(c.memory("F") for c, r in zip(per, where, strict=True) if r == rank)
+        for rank in set(where)
+    )
+    if memory_limit < least - 1e-9:
+        raise ValueError(
+            f"{who}: memory_limit={memory_limit:g} is below what any order holds: a rank "
+            f"holds one microbatch's activations of all its stages at once ({least:g}); "
+            "raise it"
+        )
+    return where, per, float(memory_limit)
 
 
 def bound_for(
@@ -176,10 +198,8 @@ def solve(
     zb-auto already proves settings of up to 96 actions itself)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"solve: objective must be one of {OBJECTIVES}, got {objective!r}")
-    if placement not in ("linear", "v"):
-        raise ValueError(f"solve: placement must be 'linear' or 'v', got {placement!r}")
     _cp_sat()  # the extra's one-line error before any work
-    where, per, limit = _setting(pp, costs, memory_limit, placement, "solve")
+    where, per, limit = _setting(pp, microbatches, costs, memory_limit, placement, "solve")
     warm = _zb_auto(pp, microbatches, per, limit, placement) if warm_start else None
     return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
 
@@ -199,9 +219,7 @@ def optimum(
     """`solve`'s schedule named `name` (zb-opt), the last few kept: a proof takes seconds."""
     if not isinstance(time_limit, int | float) or isinstance(time_limit, bool) or time_limit <= 0:
         raise ValueError(f"{name}: time_limit must be a number of seconds > 0, got {time_limit!r}")
-    if placement not in ("linear", "v"):
-        raise ValueError(f"{name}: placement must be 'linear' or 'v', got {placement!r}")
-    where, per, limit = _setting(pp, costs, memory_limit, placement, name)
+    where, per, limit = _setting(pp, m, costs, memory_limit, placement, name)
     key = (pp, m, tuple(per), limit, placement, float(time_limit))
     found = _RECENT.get(key, lambda: solve(
         pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement,
