@@ -152,18 +152,26 @@ def bound_for(
 
 
 def _proven(schedule: Schedule, per: list[Costs], peak: float) -> float:
-    """The solver's proven bound where this is a schedule it solved (zb-opt's, kept) for
-    these costs under a limit it stays under; else 0."""
-    for (pp, m, costs, limit, _, _), found in _RECENT.items():
-        if (
-            found.objective == "span"
-            and list(costs) == per
-            and (pp, m) == (schedule.pp, schedule.microbatches)
-            and found.schedule.stage_to_rank == schedule.stage_to_rank
-            and found.schedule.program == schedule.program
+    """A proven bound kept for this very schedule, where it is one zbkit solved or searched
+    for these costs under a limit it stays under (zb-opt's: the solver's bound; zb-auto's:
+    its search's, which its exact candidate may have raised); else 0."""
+    from zbkit.schedules import _auto
+
+    def same(found: Schedule, costs: tuple, limit: float) -> bool:
+        return (
+            list(costs) == per
+            and found.stage_to_rank == schedule.stage_to_rank
+            and found.microbatches == schedule.microbatches
+            and found.program == schedule.program
             and peak <= limit + 1e-9
-        ):
-            return found.lower_bound
+        )
+
+    for (_, _, costs, limit, _, _), solved in _RECENT.items():
+        if solved.objective == "span" and same(solved.schedule, costs, limit):
+            return solved.lower_bound
+    for (_, _, _, costs, limit, _), searched in _auto._RECENT.items():
+        if same(searched.schedule, costs, limit):
+            return searched.lower_bound
     return 0.0
 
 
