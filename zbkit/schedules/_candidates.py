@@ -199,6 +199,11 @@ _LINEAR = [
         _greedy(1.0, 0.0, feed=2.0),
     ),
     Candidate(
+        "greedy fill=0.5 hold=0.5 feed=2",
+        "with hold: beat the list with the one above in 7 of 100 more, by up to 9%",
+        _greedy(0.5, 0.5, feed=2.0),
+    ),
+    Candidate(
         "reference heuristic",
         "the paper's repo's zb.py: wins 55 of 300 between p and 2p*M_B, by up to 5%",
         _heuristic,
@@ -305,6 +310,11 @@ _V = [
         "greedy fill=1 hold=0 lead=1.5 feed=0.5",
         "the same within W/2: 5 more of 100",
         _greedy(1.0, 0.0, lead=1.5, feed=0.5),
+    ),
+    Candidate(
+        "greedy fill=1 hold=0.5 defer=0.5 lead=1 feed=2",
+        "every wait and the cap: beat the list with the above in 4 of 100 more, up to 6%",
+        _greedy(1.0, 0.5, 0.5, 1.0, 2.0),
     ),
     Candidate(
         "reference V heuristic",
