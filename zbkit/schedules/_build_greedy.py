@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbkit.schedules._timeline import TOL, Timeline
 from zbkit.schedules.action import PARTS, Action
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.costs import Costs, least_peak
 
 __all__ = ["Moves", "greedy"]
 
@@ -53,9 +52,7 @@ class Moves:
     lead: tuple[float, float] = (-math.inf, math.inf)
     feed: tuple[float, float] = (-math.inf, math.inf)
 
-    def covers(self, fill: float, hold: float, *more: float) -> bool:
-        """Whether (fill, hold[, defer, lead, feed]) moves as the run did (later ones: off)."""
-        defer, lead, feed = (*more, *(0.0, math.inf, 0.0)[len(more) :])
+    def covers(self, fill: float, hold: float, defer: float, lead: float, feed: float) -> bool:
         return (
             _inside(fill, self.fill)
             and _inside(hold, self.hold)
@@ -82,9 +79,12 @@ class _Greedy:
     """The event loop of `greedy`: which rank decides when, and what it picks (`decide`);
     the timeline places what it picks."""
 
-    def __init__(self, tl: Timeline, fill: float, hold: float, moves: Moves, **more: float) -> None:
-        self.tl, self.fill, self.hold, self.moves = tl, fill, hold, moves
-        self.defer, self.lead, self.feed = more["defer"], more["lead"], more["feed"]
+    def __init__(
+        self, tl: Timeline, moves: Moves, *, fill: float, hold: float, defer: float, lead: float,
+        feed: float,
+    ) -> None:  # fmt: skip
+        self.tl, self.moves = tl, moves
+        self.fill, self.hold, self.defer, self.lead, self.feed = fill, hold, defer, lead, feed
         where, n, p = tl.where, len(tl.where), len(tl.free)
         # each stage's next stage on the same rank (the V's second chunk), if any
         self.later = [next((t for t in range(s + 1, n) if where[t] == where[s]), None)
@@ -242,17 +242,11 @@ def greedy(
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
     moves = Moves() if moves is None else moves
-    _Greedy(tl, fill, hold, moves, defer=defer, lead=lead, feed=feed).loop()
+    _Greedy(tl, moves, fill=fill, hold=hold, defer=defer, lead=lead, feed=feed).loop()
     if tl.placed < len(PARTS) * len(stage_to_rank) * m:
-        ranks = range(len(tl.free))
         raise ValueError(
             f"memory_limit={memory_limit:g} is too small to finish: a rank cannot run its next "
             f"forward and has nothing to free; it must be at least "
-            f"{max(_minimum(stage_to_rank, costs, r) for r in ranks):g}"
+            f"{least_peak(stage_to_rank, costs):g}"
         )
     return tl.program
-
-
-def _minimum(stage_to_rank: Sequence[int], costs: Sequence[Costs], rank: int) -> float:
-    """A rank must at least hold one microbatch's activations of all its stages at once."""
-    return sum(costs[s].memory("F") for s, r in enumerate(stage_to_rank) if r == rank)

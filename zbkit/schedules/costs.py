@@ -132,6 +132,16 @@ def one_f_one_b_peak(stage_to_rank: Sequence[int], costs: Sequence[Costs]) -> fl
     return len(held) * max(held)
 
 
+def least_peak(stage_to_rank: Sequence[int], costs: Sequence[Costs]) -> float:
+    """The least any order holds: some rank holds one microbatch's activations of all its
+    stages at once (the V's first chunk until the second chunk's I has run); `costs` one per
+    stage."""
+    held = [0.0] * (max(stage_to_rank) + 1)
+    for s, r in enumerate(stage_to_rank):
+        held[r] += costs[s].memory("F")
+    return max(held)
+
+
 def stage_costs(
     costs: Costs | Sequence[Costs] | None, placed: Iterable[tuple[int, int]]
 ) -> dict[int, Costs]:

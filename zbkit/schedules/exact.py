@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from zbkit.schedules import _cpsat
 from zbkit.schedules._bounds import gap_line
 from zbkit.schedules._recent import Recent
-from zbkit.schedules.costs import Costs, one_f_one_b_peak, per_stage
+from zbkit.schedules.costs import Costs, least_peak, one_f_one_b_peak, per_stage
 from zbkit.schedules.placement import stage_to_rank
 from zbkit.schedules.schedule import Schedule
 from zbkit.schedules.simulate import Simulation, simulate
@@ -112,12 +112,7 @@ def _setting(
         return where, per, one_f_one_b_peak(where, per)
     if not isinstance(memory_limit, int | float) or isinstance(memory_limit, bool):
         raise ValueError(f"{who}: memory_limit must be a number, got {memory_limit!r}")
-    # a rank holds one microbatch's activations of all its stages at once (the V's two
-    # chunks: the first one's until the second one's I has run)
-    least = max(
-        sum(c.memory("F") for c, r in zip(per, where, strict=True) if r == rank)
-        for rank in set(where)
-    )
+    least = least_peak(where, per)
     if memory_limit < least - 1e-9:
         raise ValueError(
             f"{who}: memory_limit={memory_limit:g} is below what any order holds: a rank "
