@@ -104,8 +104,9 @@ def stage_backward_input(
     roots, grads = output_roots(outputs, output_grads)
     tensor_at = [k for k, v in enumerate(input_values) if isinstance(v, torch.Tensor)]
     params = [w for w in weights if w.requires_grad]  # a frozen parameter gets no gradient
+    tensors = [input_values[k] for k in tensor_at]
     result = splitgrad.stage_backward_input(
-        roots, grads, [input_values[k] for k in tensor_at], params
+        roots, grads, tensors, params, check=_PATCH.wants_check(params, tensors)
     )
     dinputs: list[torch.Tensor | None] = [None] * len(input_values)
     for k, g in zip(tensor_at, result.input_grads, strict=True):
@@ -155,6 +156,19 @@ class _Patch:
 
     def __init__(self) -> None:
         self.saved: dict[str, Callable[..., Any]] | None = None
+        self.check = False  # check_split: the first I of each stage and input shape
+        self.checked: set[tuple] = set()
+
+    def wants_check(self, params: list[torch.Tensor], inputs: list[torch.Tensor]) -> bool:
+        """Whether this I is checked: check_split is on and this stage (its parameters) has
+        not been checked on inputs of these shapes yet."""
+        if not self.check:
+            return False
+        key = (tuple(map(id, params)), tuple((tuple(x.shape), x.dtype) for x in inputs))
+        if key in self.checked:
+            return False
+        self.checked.add(key)
+        return True
 
 
 _PATCH = _Patch()
@@ -184,10 +198,13 @@ def _check_torch() -> dict[str, Callable[..., Any]]:
     return found
 
 
-def enable() -> None:
+def enable(check_split: bool = False) -> None:
     """Make torch's pipeline stages run zbkit's I and W; undo with `disable()`.
 
-    Refuses a second enable(): the inner disable() would end the outer one's span.
+    ``check_split=True``: the first I of each stage and input shape also runs one whole
+    backward of the same graph, and I then W must give its gradients, else they raise
+    ``zbkit.splitgrad.SplitMismatch`` naming the weights (by position and shape) that
+    differ. Refuses a second enable(): the inner disable() would end the outer one's span.
     """
     if _PATCH.saved is not None:
         raise RuntimeError(
@@ -197,6 +214,7 @@ def enable() -> None:
         )
     saved = _check_torch()
     _PATCH.saved = saved
+    _PATCH.check, _PATCH.checked = check_split, set()
     for name, (drop_in, _) in _DROP_INS.items():
         setattr(torch_stage, name, drop_in)
 
@@ -207,6 +225,7 @@ def disable() -> None:
     if saved is None:
         raise RuntimeError("zbkit.torchpp.disable() without enable(): nothing to undo")
     _PATCH.saved = None
+    _PATCH.check, _PATCH.checked = False, set()
     replaced = []
     for name, (drop_in, _) in _DROP_INS.items():
         now = getattr(torch_stage, name)
@@ -222,10 +241,10 @@ def disable() -> None:
 
 
 @contextlib.contextmanager
-def exact_split_backward() -> Iterator[None]:
+def exact_split_backward(check_split: bool = False) -> Iterator[None]:
     """`with exact_split_backward(): schedule.step(...)`: enable(), and disable() on exit,
-    also when the body raises."""
-    enable()
+    also when the body raises. ``check_split``: see `enable`."""
+    enable(check_split)
     try:
         yield
     finally:

@@ -50,6 +50,9 @@ class LocalPipeline:
             stage (torch's ``loss_fn(output, target)`` works unchanged).
         scale_grads: divide each microbatch's loss by the number of microbatches, so the
             gradients are those of the mean loss over the whole batch.
+        check_split: compare each stage's split backward (I then W) with one whole backward
+            of the same microbatch, the first microbatch of each input shape, and raise a
+            ``StageError`` naming the parameters that differ (one extra backward each).
 
     Example::
 
@@ -78,6 +81,8 @@ class LocalPipeline:
         schedule: Schedule,
         loss_fn: LossFn,
         scale_grads: bool = True,
+        *,
+        check_split: bool = False,
     ) -> None:
         schedule = expect_schedule(schedule, "LocalPipeline")
         check_loss_fn(loss_fn, "LocalPipeline")
@@ -105,6 +110,7 @@ class LocalPipeline:
                     f"modules[{s}] is PipelineStage {st.stage_index}/{st.num_stages}; expected "
                     f"stage {s} of {schedule.num_stages}"
                 )
+            st.check_split = st.check_split or check_split
         self.trace = Trace()
 
     def __repr__(self) -> str:

@@ -44,6 +44,7 @@ class _Activation:
     outputs: Tensors  # what F produced, graph attached
     loss: torch.Tensor | None = None  # last stage: the (scaled) scalar the backward starts from
     nbytes: int = 0  # bytes of the tensors autograd saved for this microbatch's backward
+    key: tuple = ()  # the inputs' names, shapes and dtypes (`_saved.signature`)
 
 
 @dataclass(slots=True)
@@ -75,6 +76,11 @@ class PipelineStage:
     floating-point inputs require grad, so its I really backpropagates through the stage (and
     computes a gradient for the data that is thrown away) and its W only does the weights: the
     F / I / W times then match what the simulator assumes for every stage.
+
+    ``check_split=True`` checks the split on real data: the first microbatch of each input
+    shape that runs I also gets one whole backward of the same graph, and I then W must give
+    its gradients (``splitgrad.stage_backward_input(check=True)``); a difference raises a
+    ``StageError`` naming the parameters. The runners' ``check_split`` sets it.
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class PipelineStage:
         device: torch.device | str | None = None,
         *,
         split_first_stage: bool = False,
+        check_split: bool = False,
         **torch_only: Any,
     ) -> None:
         if torch_only:
@@ -99,6 +106,8 @@ class PipelineStage:
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.split_first_stage = split_first_stage and stage_index == 0
+        self.check_split = check_split
+        self._checked: set[tuple] = set()  # input signatures whose split was checked
         self._activations: dict[int, _Activation] = {}
         self._weight_tasks: dict[int, _WeightTask] = {}
         self._saved_bytes: dict[tuple, int] = {}  # input signature -> bytes one F saves
@@ -140,6 +149,9 @@ class PipelineStage:
 
     def _weights(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _weight_names(self) -> list[str]:  # in `_weights()` order
+        return [n for n, p in self.module.named_parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ F
     def forward(self, microbatch: int, inputs: Mapping[str, Any] | torch.Tensor | tuple) -> Message:
@@ -184,7 +196,7 @@ class PipelineStage:
             raise StageError(f"{self._name(microbatch)}: {_forms.unknown_form(out)}")
         out, self._returns = form
         outputs = {k: v for k, v in out.items() if v is not None}  # what the backward starts at
-        self._activations[microbatch] = _Activation(dict(inputs), outputs, nbytes=nbytes)
+        self._activations[microbatch] = _Activation(dict(inputs), outputs, nbytes=nbytes, key=key)
         return dict(out)
 
     def module_output(self, outputs: Message) -> Any:
@@ -229,8 +241,13 @@ class PipelineStage:
         if not inputs or not roots:  # no input gradient to compute: run it all at W
             self._weight_tasks[microbatch] = _WeightTask(roots, None, grads)
             return {}
-        with self._naming(microbatch, "I"):
-            result = splitgrad.stage_backward_input(roots, grads, inputs, self._weights())
+        check = self.check_split and act.key not in self._checked
+        if check:
+            self._checked.add(act.key)
+        with self._naming(microbatch, "I", names):
+            result = splitgrad.stage_backward_input(
+                roots, grads, inputs, self._weights(), check=check
+            )
         # the pending W holds the graph it walks; the outputs themselves can go
         self._weight_tasks[microbatch] = _WeightTask([], result.pending_weight)
         return {} if self.is_first else _forms.named_grads(names, result.input_grads)
@@ -277,10 +294,16 @@ class PipelineStage:
         self._weight_tasks.clear()
 
     @contextlib.contextmanager
-    def _naming(self, microbatch: int, what: str) -> Iterator[None]:
-        """A backward's failure (a user's hook, autograd's refusal) names stage and microbatch."""
+    def _naming(
+        self, microbatch: int, what: str, inputs: list[str] | None = None
+    ) -> Iterator[None]:
+        """A backward's failure (a user's hook, autograd's refusal) names stage and microbatch;
+        a failed split check names the inputs (`inputs`) or the parameters that differ."""
         try:
             yield
+        except splitgrad.SplitMismatch as exc:
+            names = inputs if exc.what == "input" else self._weight_names()
+            raise StageError(f"{self._name(microbatch)}: {exc.explain(names)}") from exc
         except RuntimeError as exc:  # the cause keeps its traceback
             raise StageError(
                 f"{self._name(microbatch)}: its {what} raised {type(exc).__name__}: {exc}"

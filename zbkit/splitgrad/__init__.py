@@ -13,12 +13,14 @@ from zbkit.splitgrad._backward import (
     stage_backward_full,
     stage_backward_input,
 )
+from zbkit.splitgrad._check import SplitMismatch
 from zbkit.splitgrad._directions import GradDirection, grad_directions, needs_direction
 from zbkit.splitgrad._fast import fast_paths_available, reference_weight_pass
 from zbkit.splitgrad._graph import build_reverse_graph, grad_node, reverse_closure
 from zbkit.splitgrad._groups import ParamGroup, group_params
 from zbkit.splitgrad._pending import PendingWeight
 from zbkit.splitgrad._weight import stage_backward_weight
+from zbkit.splitgrad._whole import WholeBackwardWarning
 from zbkit.splitgrad.analysis import SplitGradAnalysis, analyze
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "ParamGroup",
     "PendingWeight",
     "SplitGradAnalysis",
+    "SplitMismatch",
+    "WholeBackwardWarning",
     "analyze",
     "build_reverse_graph",
     "fast_paths_available",

@@ -18,7 +18,6 @@ After I then W every `.grad` equals what one `torch.autograd.backward` gives.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,10 +26,12 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node, get_gradient_edge
 
+from zbkit.splitgrad._check import SplitCheck
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._groups import find_stage_groups
 from zbkit.splitgrad._input_fast import FastInput
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
+from zbkit.splitgrad._whole import explain_refusals, warn_whole
 
 _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
 
@@ -43,6 +44,8 @@ class BackwardInputResult:
 
     input_grads: list[torch.Tensor | None]  # one per stage input (None: does not require grad)
     pending_weight: PendingWeight  # hand it to stage_backward_weight, once
+    # the node that made this I run the whole backward (see _whole); None: split as usual
+    whole: str | None = None
 
     @property
     def param_groups(self) -> PendingWeight:
@@ -74,29 +77,6 @@ NO_GRAPH = (
     "forward under torch.no_grad() / inference_mode(), or every parameter it depends on "
     "frozen; loss.backward() would raise 'element 0 of tensors does not require grad'"
 )
-
-
-@contextlib.contextmanager
-def reentrant_hint() -> Iterator[None]:
-    """Names the cause when a reentrant activation checkpoint meets a split backward.
-
-    ``checkpoint(..., use_reentrant=True)`` reruns its forward inside the backward and
-    calls ``backward`` on it alone, which torch refuses inside ``.grad()`` or a backward
-    with ``inputs=``: exactly the engine calls that split I from W.
-    """
-    try:
-        yield
-    except RuntimeError as exc:
-        if "use_reentrant" not in str(exc):
-            raise
-        raise RuntimeError(
-            "a reentrant activation checkpoint (torch.utils.checkpoint.checkpoint with "
-            "use_reentrant=True) cannot be split into I and W: its backward reruns the "
-            "forward and runs a whole backward of its own, which stops at no split point. "
-            "Use checkpoint(..., use_reentrant=False) (torch's recommended form; HF models: "
-            "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': "
-            "False})); gradients are the same"
-        ) from exc
 
 
 def _roots(
@@ -178,7 +158,7 @@ def stage_backward_full(
             handles.append(x.register_hook(functools.partial(store, i)))
     try:
         if tensors:
-            with grad_directions(*_BOTH), reentrant_hint():
+            with grad_directions(*_BOTH), explain_refusals():
                 torch.autograd.backward(tensors, grads)
     finally:
         for h in handles:
@@ -195,7 +175,7 @@ def _input_pass(
 ) -> tuple[torch.Tensor | None, ...]:
     """I's one engine call: from the outputs to `targets` (tensors or GradientEdges), in the
     input direction only, keeping the graph for W."""
-    with grad_directions(GradDirection.INPUT), reentrant_hint():
+    with grad_directions(GradDirection.INPUT), explain_refusals():
         # torch takes tensors and GradientEdges in one list; its stub wants one kind
         return torch.autograd.grad(tensors, targets, grads, retain_graph=True, allow_unused=True)
 
@@ -217,6 +197,7 @@ def stage_backward_input(
     inputs: Sequence[torch.Tensor],
     weights: Iterable[torch.Tensor],
     retain_graph: bool = False,
+    check: bool = False,
 ) -> BackwardInputResult:
     """I: the inputs' gradients now; everything W needs is kept in `result.pending_weight`.
 
@@ -225,6 +206,12 @@ def stage_backward_input(
     later, after any number of other I passes. Where the fast paths may be used,
     the tensors only I needs are freed when it returns (as a plain backward frees
     what it ran); `retain_graph=True` keeps the whole graph for another backward.
+
+    A graph whose input gradients pass a node that must not run twice (a torch.compile
+    region, see _whole) runs whole here, once: the weight gradients are computed too,
+    W only adds them into `.grad` (`result.whole` names the node; a WholeBackwardWarning
+    says so once). `check=True` compares I and then W with one whole backward of the same
+    graph and raises `SplitMismatch` where they differ (see _check).
     """
     inputs = check_tensors("inputs", inputs)
     weights = check_tensors("weights", list(weights))
@@ -237,6 +224,11 @@ def stage_backward_input(
     fast = FastInput.start(out_nodes, input_nodes, weights, run_i)  # None: reference path only
     # the same analysis either way; the fast path keeps it per graph structure
     stage = fast.plan if fast else find_stage_groups(out_nodes, input_nodes, weights)
+    if run_i and stage.opaque:
+        return _whole_input(inputs, wanted, tensors, grads, stage, retain_graph)
+    verify = None
+    if check and run_i:  # the reference first, while the graph is whole
+        verify, expected = SplitCheck.start(tensors, grads, wanted, weights)
     edges_at = _positions(out_nodes)  # output node -> its positions among the outputs
     works: list[PendingGroup] = []
     handles = []
@@ -262,6 +254,38 @@ def stage_backward_input(
     finally:
         for h in handles:
             h.remove()  # hooks hold the captured lists; removing them breaks the cycle
-    found_iter = iter(found[: len(wanted)])
-    input_grads = [next(found_iter, None) if x.requires_grad else None for x in inputs]
-    return BackwardInputResult(input_grads=input_grads, pending_weight=PendingWeight(works))
+    if verify is not None:
+        verify.inputs(found[: len(wanted)], expected)
+    input_grads = _per_input(inputs, found[: len(wanted)])
+    return BackwardInputResult(input_grads, PendingWeight(works, verify))
+
+
+def _per_input(inputs: list[torch.Tensor], found: Sequence) -> list[torch.Tensor | None]:
+    """The gradients of the inputs that require grad, placed among all the inputs."""
+    found_iter = iter(found)
+    return [next(found_iter, None) if x.requires_grad else None for x in inputs]
+
+
+def _whole_input(
+    inputs: list[torch.Tensor],
+    wanted: list[torch.Tensor],
+    tensors: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    stage: Any,
+    retain_graph: bool,
+) -> BackwardInputResult:
+    """I for a graph that must not be split (see _whole): one engine call to the inputs and
+    to every group's parameters; each group's W then only delivers its gradients."""
+    works = [PendingGroup(g, tensors=stage.tensors[i]) for i, g in enumerate(stage.groups)]
+    edges = [get_gradient_edge(t) for work in works for t in work.tensors]
+    targets: list[Any] = [*wanted, *edges]  # torch takes both kinds in one list
+    with grad_directions(*_BOTH), explain_refusals():
+        found = torch.autograd.grad(
+            tensors, targets, grads, retain_graph=retain_graph, allow_unused=True
+        )
+    of_weight = zip(edges, found[len(wanted) :], strict=True)
+    for work in works:
+        work.ready = [next(of_weight) for _ in work.tensors]
+    warn_whole(stage.opaque)
+    pending = PendingWeight(works)
+    return BackwardInputResult(_per_input(inputs, found[: len(wanted)]), pending, stage.opaque)

@@ -25,6 +25,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import Node
 
 from zbkit.splitgrad._graph import build_reverse_graph, ordered_closure
+from zbkit.splitgrad._whole import opaque_node
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,6 +181,8 @@ class StageAnalysis:
     closure: dict[Node, None]  # C, the nodes I executes
     groups: list[ParamGroup]
     tensors: list[list[torch.Tensor]]  # per group, its parameters (param_nodes order)
+    # the type of a node in C whose backward must run once (see _whole); None: none
+    opaque: str | None = None
 
 
 def find_stage_groups(
@@ -207,4 +210,4 @@ def find_stage_groups(
         input_nodes, list(weight_of), reverse, output_nodes=output_nodes, closure=closure
     )
     tensors = [[weight_of[p] for p in g.param_nodes] for g in groups]
-    return StageAnalysis(reverse, closure, groups, tensors)
+    return StageAnalysis(reverse, closure, groups, tensors, opaque_node(closure))

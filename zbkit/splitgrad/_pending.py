@@ -22,6 +22,7 @@ from typing import overload
 import torch
 from torch.autograd.graph import GradientEdge
 
+from zbkit.splitgrad._check import SplitCheck
 from zbkit.splitgrad._groups import ParamGroup
 
 Captured = tuple[torch.Tensor | None, ...]  # one gradient per output edge of a node
@@ -66,8 +67,9 @@ class PendingWeight(Sequence[ParamGroup]):
     hold the graph alive).
     """
 
-    def __init__(self, groups: list[PendingGroup]) -> None:
+    def __init__(self, groups: list[PendingGroup], check: SplitCheck | None = None) -> None:
         self._groups: list[PendingGroup] | None = groups
+        self.check = check  # check_split: W's gradients against a whole backward's
 
     @property
     def done(self) -> bool:

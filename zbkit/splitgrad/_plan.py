@@ -95,6 +95,7 @@ class StagePlan:
 
     groups: tuple[_GroupAt, ...]
     closure: tuple[int, ...]  # C, the nodes I executes
+    opaque: str | None  # a node in C whose backward must run once (see _whole)
     # which groups' weight halves I computed -> positions of the nodes W never runs: those
     # to free as soon as each has run in I (big saved tensors), and those to free after I
     input_only: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
@@ -112,6 +113,11 @@ class BoundPlan:
     plan: StagePlan
     nodes: list[Node]
     pos: dict[Node, int]
+
+    @property
+    def opaque(self) -> str | None:
+        """The type of a node in C whose backward must run once (see _whole); None: none."""
+        return self.plan.opaque
 
     def slot_names(self, node: Node) -> tuple[str, ...]:
         """What to free at `node` (`_free.release_named`), learned once per position."""
@@ -199,7 +205,7 @@ def _make_plan(
         )
     # an input node the outputs do not depend on is outside the graph: nothing to run there
     closure = tuple(pos[n] for n in found.closure if n in pos)
-    return StagePlan(tuple(groups), closure)
+    return StagePlan(tuple(groups), closure, found.opaque)
 
 
 def analyse_cached(

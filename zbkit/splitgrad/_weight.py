@@ -25,9 +25,10 @@ from collections.abc import Iterable
 import torch
 
 from zbkit.splitgrad import _fast
-from zbkit.splitgrad._backward import check_tensors, reentrant_hint
+from zbkit.splitgrad._backward import check_tensors
 from zbkit.splitgrad._directions import GradDirection, grad_directions
 from zbkit.splitgrad._pending import Captured, PendingGroup, PendingWeight
+from zbkit.splitgrad._whole import explain_refusals
 
 _BOTH = (GradDirection.INPUT, GradDirection.WEIGHT)
 
@@ -58,7 +59,7 @@ def run_group(work: PendingGroup, retain_graph: bool) -> None:
                 handles.append(node.register_prehook(functools.partial(_clamp, captured)))
         if edges and wanted:
             dirs = _BOTH if group.needs_both_directions else (GradDirection.WEIGHT,)
-            with grad_directions(*dirs), reentrant_hint():
+            with grad_directions(*dirs), explain_refusals():
                 torch.autograd.backward(edges, grads, inputs=wanted, retain_graph=retain_graph)
     finally:
         for h in handles:
@@ -84,7 +85,10 @@ def stage_backward_weight(
             f"(result.pending_weight or result.param_groups), got {type(param_groups).__name__}; "
             "a list of ParamGroups is only the analysis, without the gradients I captured"
         )
+    check = param_groups.check
     works = param_groups.take()  # raises if this microbatch's W already ran
+    if check is not None:
+        check.before_weight()
     # A group with several intermediates replays the C path between them, which
     # may cross other groups' intermediates: run those first and keep the graph.
     # A group with one intermediate only touches its own nodes, so it may free them.
@@ -104,4 +108,6 @@ def stage_backward_weight(
         run_group(work, retain_graph=retain_graph)
     if batched:
         _fast.run_batched(batched, retain_graph)  # empties `batched`
+    if check is not None:
+        check.after_weight()  # raises SplitMismatch, naming the weights that differ
     return tuple(w.grad for w in weights)
