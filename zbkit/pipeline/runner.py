@@ -61,6 +61,9 @@ class ScheduleRunner:
         barrier: start every step with a barrier of the pipeline group (off by default: a
             barrier costs a round trip per step and nothing needs it; turn it on to measure
             steps from a common start, or to find a rank that never reaches the step).
+        check_split: compare this rank's split backwards (I then W) with one whole backward
+            of the same microbatch, the first of each input shape, and fail the step naming
+            the parameters that differ (see ``PipelineStage``; one extra backward each).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class ScheduleRunner:
         dp_group: dist.ProcessGroup | None = None,
         timeout: float = 60.0,
         barrier: bool = False,
+        check_split: bool = False,
     ) -> None:
         require_process_group("ScheduleRunner", alone="LocalPipeline (every stage in it)")
         schedule = expect_schedule(schedule, "ScheduleRunner")
@@ -98,6 +102,8 @@ class ScheduleRunner:
         self.group, self.dp_group, self.rank = group, dp_group, rank
         self.barrier = barrier
         self.stages = {st.stage_index: st for st in stages}
+        for st in stages:  # see PipelineStage: the first microbatch of each input shape
+            st.check_split = st.check_split or check_split
         self.plan = derive_plan(schedule, rank)
         self.backend = dist.get_backend(group)
         device = torch.device("cpu")
