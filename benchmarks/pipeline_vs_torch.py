@@ -119,7 +119,7 @@ def _hops(width: int, rows: int, rounds: int, trips: int, device: torch.device) 
     peer = 1 - rank
     act = torch.randn(rows, width, device=device)
     reply = torch.randn(rows, width, device=device)
-    p2p = P2P(None, 2, trips, device, timeout=60.0, where=f"rank {rank}")
+    p2p = P2P(None, 2, trips, device, timeout=60.0, who=f"rank {rank}")
     send_act = [Comm(CommOp.SEND, Product.ACT, 1, j, peer, "bench") for j in range(trips)]
     recv_act = [Comm(CommOp.RECV, Product.ACT, 1, j, peer, "bench") for j in range(trips)]
     send_grad = [Comm(CommOp.SEND, Product.GRAD, 0, j, peer, "bench") for j in range(trips)]

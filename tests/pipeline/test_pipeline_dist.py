@@ -75,47 +75,46 @@ def test_faults_raise_clear_errors_and_never_hang() -> None:
     cases = ["batch changes, shapes forgotten", "batch changes", "wrong world size",
              "missing target", "shape mismatch", "shape changes", "stage raises",
              "non-dict output"]  # fmt: skip
-    # a wait the case expects to fail gives up after 5 s (the waiting rank's receives before
-    # the failure share it: seconds, not milliseconds, on a busy machine); every wait that must
-    # succeed (the cases that run, the first step before a change, the rank that fails by
-    # itself) gets 120 s
-    out = launch(pipeline_ranks.check_faults, cases, 5.0, 120.0, nprocs=4, timeout=420)
+    # a failed rank tells the peers waiting for it, so no wait here has to time out: the
+    # waits a case expects to fail get 60 s all the same, and a message saying "gave up"
+    # instead of "told" fails the test; every wait that must succeed gets 120 s
+    out = launch(pipeline_ranks.check_faults, cases, 60.0, 120.0, nprocs=4, timeout=600)
     got = {(r["case"], r["rank"]): r["outcome"] for rank in out for r in rank}
 
     for rank in range(4):
         assert got["wrong world size", rank].startswith("ValueError: the schedule was built for 2")
     assert "pass step(..., targets=...)" in got["missing target", 3]
-    # no barrier per step: the others wait for the tensors rank 3 never sends, and say so
-    for rank, action in ((0, "0B0"), (1, "1B0"), (2, "2B0")):
-        msg = got["missing target", rank]
-        assert msg.startswith("CommTimeout") and f"which {action} needs" in msg, msg
-    # a new batch shape after the first step: the sender names it (shapes are cached) ...
-    changed = got["batch changes", 0]
-    assert changed.startswith("ValueError") and "x: float32[1, 6]" in changed, changed
-    assert "had {ids: int64[2], skip: float32[2, 6], x: float32[2, 6]}" in changed, changed
-    assert "runner.forget_shapes() on every rank" in changed, changed
-    assert got["batch changes", 1].startswith("CommTimeout"), got["batch changes", 1]
-    # ... and after forget_shapes() on every rank the new shape runs, gradients exact
+    # a new batch shape after the first step travels as a new layout, with or without
+    # forget_shapes(); the ranks check the gradients against autograd themselves
     for rank in range(4):
+        assert got["batch changes", rank] == "ok", got["batch changes", rank]
         assert got["batch changes, shapes forgotten", rank] == "ok"
     assert "stage 1 microbatch 0: the module's forward raised" in got["shape mismatch", 1]
     assert "stage 2 microbatch 0: the module's forward raised" in got["stage raises", 2]
-    changed = got["shape changes", 1]  # the sender checks every message against the first
-    assert changed.startswith("ValueError") and "x: float32[2, 12]" in changed, changed
-    first = "first message on that edge had {ids: int64[2], skip: float32[2, 6], x: float32[2, 6]}"
-    assert first in changed, changed
+    # the second microbatch one column wider travels too: the next stage's forward says so
+    grown = got["shape changes", 2]
+    assert "stage 2 microbatch 1: the module's forward raised" in grown, grown
+    assert "x: float32[2, 12]" in grown, grown
     says = "stage 3 microbatch 0: a stage module must return a Tensor, a tuple of Tensors"
     assert says in got["non-dict output", 3]
-    # every waiting rank gives up after the timeout and names the action it waited for
-    waiting = {"shape mismatch": {0: "0B0", 2: "2F0", 3: "3F0"},
+    # every waiting rank fails at once: the failed rank told its peers, and they theirs, in
+    # the first failure's words; each names the action it waited for, on its rank's program
+    origin = {"missing target": "ValueError on rank 3", "shape mismatch": "StageError on rank 1",
+              "shape changes": "StageError on rank 2", "stage raises": "StageError on rank 2",
+              "non-dict output": "StageError on rank 3"}  # fmt: skip
+    waiting = {"missing target": {0: "0B0", 1: "1B0", 2: "2B0"},
+               "shape mismatch": {0: "0B0", 2: "2F0", 3: "3F0"},
+               "shape changes": {0: "0B0", 1: "1B0", 3: "3F1"},
                "stage raises": {0: "0B0", 1: "1B0", 3: "3F0"},
                "non-dict output": {0: "0B0", 1: "1B0", 2: "2B0"}}  # fmt: skip
     for case, ranks in waiting.items():
         for rank, action in ranks.items():
             msg = got[case, rank]
-            assert msg.startswith("CommTimeout") and f"which {action} needs" in msg, msg
-            # and shows the rank's program with that action marked
+            assert msg.startswith(f"CommTimeout: rank {rank}: rank "), msg
+            assert "failed and told this rank" in msg and f"which {action} needs" in msg, msg
+            assert f"Its error: {origin[case]}" in msg, msg
             assert f"[{action}]" in msg and "<-- ERROR HERE" in msg, msg
+    assert "pass step(..., targets=...)" in got["missing target", 0]
 
 
 def test_a_failing_stage_reaches_the_caller_with_its_traceback() -> None:

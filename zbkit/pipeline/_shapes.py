@@ -1,9 +1,10 @@
-"""What a transfer carries (names, shapes, dtypes), agreed once per edge by a shape message.
+"""What a message carries (its layout: names, shapes, dtypes, requires_grad, None places).
 
-The shape message is a fixed-size byte tensor, so a receiver can post it before it knows
-anything: 4 bytes of length, then JSON (names, shapes, dtype names, requires_grad). JSON, not
-pickle: nothing that arrives over the wire is ever executed, and a dtype name is only looked
-up among torch's dtypes.
+A transfer's layouts are numbered as they first appear; a new one travels once as a shape
+message: a fixed-size byte tensor, so a receiver can post it before it knows anything: 4
+bytes of length, then JSON (the layout's number, names, shapes, dtype names, requires_grad).
+JSON, not pickle: nothing that arrives over the wire is ever executed, and a dtype name is
+only looked up among torch's dtypes. ``unsendable`` says why a message cannot travel at all.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 META_BYTES = 4096  # one fixed-size message
+MAX_TENSORS = 64  # tensors in one message: each has its own tag (see _comms._SLOTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +49,39 @@ class Meta:
         return ", ".join(parts + [f"{n}: None" for n in self.nones])
 
 
-def pack(meta: Meta, device: torch.device) -> torch.Tensor:
-    """The meta as a fixed-size byte tensor: 4 bytes of length, then the JSON."""
+def unsendable(tensors: Mapping[Any, Any], device: torch.device) -> str | None:
+    """Why ``tensors`` cannot travel as one message (what to do included), or None."""
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            return f"the name {k!r} is a {type(k).__name__}: names are str"
+        if v is None:
+            continue  # travels as a name in the shape message, no data
+        if not isinstance(v, torch.Tensor):
+            return (
+                f"{k!r} is a {type(v).__name__}, not a tensor: only tensors and None travel "
+                "between stages; make it a tensor, or compute it on the stage that needs it"
+            )
+        if v.layout is not torch.strided:
+            return f"{k!r} is a {v.layout} tensor: only dense tensors travel (.to_dense())"
+        if v.device.type != device.type:
+            return (
+                f"{k!r} is on {v.device} but this pipeline moves {device.type} tensors: "
+                f"return it on {device.type}"
+            )
+    n = sum(v is not None for v in tensors.values())
+    if n > MAX_TENSORS:
+        return (
+            f"it carries {n} tensors, over the {MAX_TENSORS} one message holds: "
+            "stack some of them into one tensor"
+        )
+    return None
+
+
+def pack(meta: Meta, device: torch.device, layout: int = 0) -> torch.Tensor:
+    """The meta, numbered ``layout``, as a fixed-size byte tensor: 4 bytes of length, then
+    the JSON."""
     doc = {
+        "layout": layout,
         "names": list(meta.names),
         "shapes": [list(s) for s in meta.shapes],
         "dtypes": [str(d).removeprefix("torch.") for d in meta.dtypes],
@@ -80,6 +113,11 @@ def from_bytes_tensor(buf: torch.Tensor) -> bytes:
 
 
 def unpack(buf: torch.Tensor) -> Meta:
+    return read(buf)[1]
+
+
+def read(buf: torch.Tensor) -> tuple[int, Meta]:
+    """What ``pack`` wrote: the layout's number and the meta."""
     doc = json.loads(from_bytes_tensor(buf))
     dtypes = []
     for name in doc["dtypes"]:
@@ -87,7 +125,7 @@ def unpack(buf: torch.Tensor) -> Meta:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"a shape message names an unknown dtype {name!r}")
         dtypes.append(dtype)
-    return Meta(
+    return int(doc.get("layout", 0)), Meta(
         tuple(str(n) for n in doc["names"]),
         tuple(tuple(int(x) for x in s) for s in doc["shapes"]),
         tuple(dtypes),

@@ -123,6 +123,7 @@ class ScheduleRunner:
         }
         self._grads_final = {i: s for s, i in last_backward.items()}
         self._agreed = False  # the ranks agree on the schedule at the first step
+        self._at = 0  # during a step, the plan position reached (a failure tells from there)
         self.trace = Trace()
 
     def __repr__(self) -> str:
@@ -152,7 +153,19 @@ class ScheduleRunner:
         """
         if not self._agreed:  # before anything that may fail on one rank only
             self._agree()
-        inputs, targets = self._my_batch(*step_arguments(args, targets, target))
+        self._at = 0
+        try:
+            got = self._step(step_arguments(args, targets, target))
+        except BaseException as exc:
+            for st in self.stages.values():
+                st.reset()  # drop cached graphs: a failed step leaks nothing
+            self._tell_peers(exc)
+            raise
+        fill_losses(losses, got)
+        return got
+
+    def _step(self, arguments: tuple[Any, Any]) -> list[torch.Tensor] | None:
+        inputs, targets = self._my_batch(*arguments)
         if self.barrier:  # every rank starts the step together (asked for: it costs a trip)
             self._barrier()
         # Wall-clock seconds: one clock for every process on a host (and NTP-close across
@@ -168,16 +181,24 @@ class ScheduleRunner:
             time.time,
             cuda=self.backend == "nccl",  # GPU actions timed with CUDA events
         )
-        self.p2p.expect(self.plan.comms)
-        try:
-            got = self._walk(state)
-        except BaseException:
-            for st in self.stages.values():
-                st.reset()  # drop cached graphs: a failed step leaks nothing
-            raise
+        got = self._walk(state)
         self.trace = state.trace
-        fill_losses(losses, got)
         return got
+
+    def _tell_peers(self, exc: BaseException) -> None:
+        """A failed step: the sends this rank will not make carry its error instead, so
+        the peers waiting for them fail at once with it (and tell theirs) instead of after
+        their timeout. The first failure's words travel on unchanged; the rank that told
+        this one, or that this one waited on in vain, is not told."""
+        origin = getattr(exc, "origin", None)
+        text = origin or f"{type(exc).__name__} on rank {self.rank}: {exc}"
+        skip = getattr(exc, "peer", None) if isinstance(exc, CommTimeout) else None
+        sends = [
+            c
+            for c in self.plan.steps[self._at :]
+            if isinstance(c, Comm) and c.op is CommOp.SEND and c.peer != skip
+        ]
+        self.p2p.tell(sends, text)
 
     @property
     def timeout(self) -> float:
@@ -203,10 +224,11 @@ class ScheduleRunner:
         self._agreed = True
 
     def forget_shapes(self) -> None:
-        """The next step agrees tensor shapes afresh, e.g. for another batch size.
+        """Drops the layouts (names, shapes, dtypes) and receive buffers kept per transfer.
 
-        Shapes are agreed on the first step and cached; every rank of the pipeline must call
-        this before the step whose shapes differ (the sender names a change otherwise).
+        Not needed for a new batch shape: a message's layout may change at any microbatch
+        and step, and a new one travels once. Every rank of the pipeline must call this
+        before the same step (e.g. to free the buffers of a larger batch).
         """
         self.p2p.forget_shapes()
 
@@ -242,6 +264,7 @@ class ScheduleRunner:
         item: Comm | object = None
         try:
             for i, item in enumerate(self.plan):
+                self._at = i
                 if isinstance(item, Comm):
                     start = state.clock()
                     self._move(item, state)
@@ -251,6 +274,7 @@ class ScheduleRunner:
                 done += 1
                 if i in self._grads_final and self.dp_group is not None:
                     reductions.append(self._average(self._grads_final[i]))
+            self._at = len(self.plan)
             self.p2p.finish()  # nothing pending on the wire
             for pending in reductions:
                 pending.wait()
