@@ -21,6 +21,7 @@ _EXPORTS = {
     "analyze": "zbkit.splitgrad",
     "build_schedule": "zbkit.schedules",
     "debug": "zbkit.debug",
+    "doctor": "zbkit.doctor",
     "launch": "zbkit.launch",
     "simulate": "zbkit.schedules",
     "viz": "zbkit.viz",
