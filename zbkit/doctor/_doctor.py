@@ -67,7 +67,10 @@ def check(
     elif not any(f.trap in ("too-few-microbatches", "stage-off-placement") for f in found):
         graph, skipped = _graph_findings(done, inputs, target, loss_fn)
         found += graph
-    return Report(tuple(found), done.runtime, done.name, tuple(skipped))
+    name = done.name  # a refused size: the checks ran at the fewest it takes; say what was asked
+    if refused is not None:
+        name = f"{done.label} (pp={done.schedule.pp}, microbatches={microbatches}: refused)"
+    return Report(tuple(found), done.runtime, name, tuple(skipped))
 
 
 def _graph_findings(done: Any, inputs: Any, target: Any, loss_fn: Any) -> tuple[list[Finding], list[str]]:
