@@ -15,7 +15,8 @@ from torch.distributed.pipelining import PipelineStage, ScheduleDualPipeV, Sched
 
 import zbkit.doctor
 from zbkit.launch import launch
-from zbkit.pipeline import LocalPipeline, PipelineStage as ZbkitStage, ScheduleRunner
+from zbkit.pipeline import LocalPipeline, ScheduleRunner
+from zbkit.pipeline import PipelineStage as ZbkitStage
 from zbkit.schedules import Schedule, build_schedule
 
 

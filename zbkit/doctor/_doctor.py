@@ -46,7 +46,9 @@ def check(
     Raises TypeError / ValueError for arguments that do not fit together.
     """
     if runtime is not None and runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}")
+        raise ValueError(
+            f"runtime must be one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}"
+        )
     if inputs is None and (target is not None or loss_fn is not None):
         raise ValueError("target and loss_fn are read with inputs: pass inputs= too")
     if loss_fn is not None and not callable(loss_fn):
@@ -73,7 +75,9 @@ def check(
     return Report(tuple(found), done.runtime, name, tuple(skipped))
 
 
-def _graph_findings(done: Any, inputs: Any, target: Any, loss_fn: Any) -> tuple[list[Finding], list[str]]:
+def _graph_findings(
+    done: Any, inputs: Any, target: Any, loss_fn: Any
+) -> tuple[list[Finding], list[str]]:
     found: list[Finding] = []
     with preserved([s.module for s in done.stages]):
         traced, skipped = trace(done, inputs, target, loss_fn)

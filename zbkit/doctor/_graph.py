@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.utils.checkpoint
 from torch.autograd.graph import Node
@@ -126,7 +128,7 @@ def _reused(setup: Setup, t: Traced) -> Finding:
     )  # fmt: skip
 
 
-def _missing(setup: Setup, t: Traced, params: list[torch.Tensor]) -> list[Finding]:
+def _missing(setup: Setup, t: Traced, params: Sequence[torch.Tensor]) -> list[Finding]:
     reached = {id(getattr(n, "variable", None)) for n in t.nodes}
     lost = [p for p in params if id(p) in reached and p.grad is None]
     if not lost:

@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 
-from zbkit.doctor._setup import Setup, StageInfo
+from zbkit.doctor._setup import Setup
 from zbkit.doctor.findings import Finding
 from zbkit.schedules import ScheduleError, validate
 from zbkit.schedules.placement import stage_to_rank
 
 
-def check_refused(setup: Setup, refused: tuple[str, int] | None, asked: int | None) -> list[Finding]:
+def check_refused(
+    setup: Setup, refused: tuple[str, int] | None, asked: int | None
+) -> list[Finding]:
     if refused is None:
         return []
     text, fewest = refused
@@ -38,10 +40,11 @@ def check_program(setup: Setup) -> list[Finding]:
     try:
         validate(setup.schedule)
     except ScheduleError as exc:
-        few = setup.schedule.microbatches < setup.schedule.num_stages
+        m = setup.schedule.microbatches
         return [Finding(
-            "too-few-microbatches" if few else "invalid-schedule", f"torch's pipeline_order at {setup.schedule.microbatches} "
-            "microbatches", f"the program cannot finish (a rank would wait forever): {exc}",
+            "too-few-microbatches" if m < setup.schedule.num_stages else "invalid-schedule",
+            f"torch's pipeline_order at {m} microbatches",
+            f"the program cannot finish (a rank would wait forever): {exc}",
             "use more microbatches (at least the number of stages), or a zbkit schedule "
             "(build_schedule) with torch's runtime via its CSV",
         )]  # fmt: skip
@@ -104,10 +107,13 @@ def check_batch(setup: Setup, rows: int | None) -> list[Finding]:
             f"a batch of at least {m} rows (a multiple of {m}), or fewer microbatches",
         )]  # fmt: skip
     sizes = [len(c) for c in torch.arange(rows).tensor_split(m)]
-    happens = ("zbkit's step raises ValueError: the rows do not split into equal microbatches"
-               if zbkit else f"torch runs microbatches of {sizes} rows; each loss is a "
-               f"microbatch's mean, averaged over {m}, so rows of the smaller microbatches "
-               "weigh more than in the batch's mean: the gradients differ from the batch's")
+    happens = (
+        "zbkit's step raises ValueError: the rows do not split into equal microbatches"
+        if zbkit
+        else f"torch runs microbatches of {sizes} rows; each loss is a "
+        f"microbatch's mean, averaged over {m}, so rows of the smaller microbatches "
+        "weigh more than in the batch's mean: the gradients differ from the batch's"
+    )
     return [Finding(
         "batch-indivisible", f"a batch of {rows} rows for {m} microbatches", happens,
         f"a batch size that is a multiple of {m} (e.g. {rows - rows % m} or {rows + (-rows) % m})",

@@ -69,7 +69,8 @@ class Setup:
     @property
     def name(self) -> str:
         s = self.schedule
-        return f"{self.label or s.name} (pp={s.pp}, {s.num_stages} stages, {s.microbatches} microbatches)"
+        sizes = f"pp={s.pp}, {s.num_stages} stages, {s.microbatches} microbatches"
+        return f"{self.label or s.name} ({sizes})"
 
 
 def setup(
@@ -88,7 +89,9 @@ def setup(
     )
     runtime = runtime or ("torch" if is_torch else "zbkit")
     if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}")
+        raise ValueError(
+            f"runtime must be one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}"
+        )
     if is_torch == (runtime == "zbkit"):
         raise ValueError(
             f"runtime={runtime!r} with {_kind(schedule)}: a zbkit Schedule runs on 'zbkit'; "
@@ -103,7 +106,9 @@ def setup(
         zb, scale, multi = _zbkit(schedule, microbatches), None, True
     whole = all(not s.given_rank for s in infos) and len(infos) == zb.num_stages
     if whole and sorted(s.index for s in infos) != list(range(zb.num_stages)):
-        raise ValueError(f"the stages' indices {[s.index for s in infos]} are not 0..{zb.num_stages - 1}")
+        raise ValueError(
+            f"the stages' indices {[s.index for s in infos]} are not 0..{zb.num_stages - 1}"
+        )
     infos = tuple(s if whole or s.rank is not None else _ranked(s, rank) for s in infos)
     label = "" if not is_torch else f"torch's {_kind(schedule)}"
     return Setup(runtime, zb, infos, whole, scale, multi, label), refused

@@ -63,7 +63,9 @@ def graph_nodes(roots: list[torch.Tensor]) -> list[Node]:
 def trace(setup: Setup, inputs: Any, target: Any, loss_fn: Any) -> tuple[list[Traced], list[str]]:
     """Each stage's graph for microbatch 0 (stages whose input is unknown here skipped)."""
     m, n = setup.schedule.microbatches, setup.schedule.num_stages
-    traced, skipped, message = [], [], None
+    traced: list[Traced] = []
+    skipped: list[str] = []
+    message: Any = None
     for s in sorted(setup.stages, key=lambda s: s.index):
         if s.index == 0:
             message = first_microbatch(inputs, m)

@@ -22,7 +22,7 @@ TRAPS = {
     "shared-param-scaled-twice": "one parameter in two stages of one rank, grads scaled per stage",
     "weight-reused-in-stage": "a weight used twice in one stage, under torch's split backward",
     "input-not-reaching-loss": "a stage input that requires grad but does not reach the outputs",
-    "ddp-under-split": "a DistributedDataParallel stage under a split backward (or zbkit's runtimes)",
+    "ddp-under-split": "a DistributedDataParallel stage under a split backward or zbkit's runtimes",
     "reentrant-checkpoint": "checkpoint(use_reentrant=True) in a stage whose backward is split",
     "too-few-microbatches": "fewer microbatches (or rows) than the schedule needs",
     "stage-off-placement": "a stage on a rank the schedule's stage-to-rank map does not put it",
@@ -86,7 +86,9 @@ class Report:
         return f"Report({self.schedule}, runtime={self.runtime!r}, findings={len(self)})"
 
     def __str__(self) -> str:
-        head = f"zbkit doctor: {self.schedule} on runtime {self.runtime!r}, torch {torch.__version__}"
+        head = (
+            f"zbkit doctor: {self.schedule} on runtime {self.runtime!r}, torch {torch.__version__}"
+        )
         lines = [head, f"  {len(self)} finding(s)" if self.findings else "  no findings"]
         lines += [f"- {f}" for f in self.findings]
         lines += [f"  (not checked: {s})" for s in self.skipped]
@@ -106,7 +108,9 @@ class Report:
             else "<p>no findings</p>"
         )
         notes = "".join(f"<li>not checked: {esc(s)}</li>" for s in self.skipped)
-        title = esc(f"zbkit doctor: {self.schedule}, runtime {self.runtime!r}, torch {torch.__version__}")
+        title = esc(
+            f"zbkit doctor: {self.schedule}, runtime {self.runtime!r}, torch {torch.__version__}"
+        )
         return f"<div><b>{title}</b>{table}{f'<ul>{notes}</ul>' if notes else ''}</div>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
