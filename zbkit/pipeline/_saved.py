@@ -39,7 +39,9 @@ def count_saved(module: nn.Module, run: Callable[[], Any]) -> tuple[Any, int]:
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.untyped_storage().data_ptr() not in weights:
             saved.add((t.data_ptr(), t.numel() * t.element_size()))
-        return t  # saved as is: only counted
+        # only counted; detached, as a hook must keep it: a saved output returned as is
+        # would hold its own grad_fn, a cycle through C++ that gc cannot free
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = run()

@@ -62,7 +62,12 @@ class SplitMismatch(RuntimeError):
         )
 
 
-def _compare(label: str, found: Sequence, expected: Sequence) -> list[Difference]:
+def _compare(
+    label: str, found: Sequence, expected: Sequence, held: Sequence[float] = ()
+) -> list[Difference]:
+    """Each found gradient against the expected one, beyond the dtype's tolerance. ``held``:
+    per gradient, the largest value its `.grad` held before (W's addition is read as a
+    difference of `.grad`s, rounded at their size, not at this microbatch's)."""
     out = []
     for i, (a, b) in enumerate(zip(found, expected, strict=True)):
         if a is None and b is None:
@@ -71,6 +76,7 @@ def _compare(label: str, found: Sequence, expected: Sequence) -> list[Difference
         b = torch.zeros_like(a) if b is None else b
         error = (a - b).abs().max().item() if a.numel() else 0.0
         scale = max(a.abs().max().item(), b.abs().max().item()) if a.numel() else 0.0
+        scale = max(scale, held[i] if i < len(held) else 0.0)
         if error > TOLERANCE.get(b.dtype, 1e-5) * scale + 1e-12:
             out.append(Difference(f"{label}[{i}]", i, error, scale, tuple(b.shape)))
     return out
@@ -118,7 +124,8 @@ class SplitCheck:
             None if w.grad is None else (w.grad if b is None else w.grad - b)
             for w, b in zip(self.weights, self.before, strict=True)
         ]
+        held = [0.0 if b is None or not b.numel() else b.abs().max().item() for b in self.before]
         self.before = []
-        wrong = _compare("weights", added, self.expected)
+        wrong = _compare("weights", added, self.expected, held)
         if wrong:
             raise SplitMismatch("weight", wrong)
