@@ -17,6 +17,10 @@ _COMMANDS = {
         "zbkit.demo",
         "split backward vs autograd, then real pipelines vs their simulations, HTML report",
     ),
+    "doctor": (
+        "zbkit.doctor._cli",
+        "say which known traps a pipeline setup will fall into, before the run",
+    ),
     "schedule": ("zbkit.schedules.cli", "build, validate and simulate a pipeline schedule"),
 }
 
