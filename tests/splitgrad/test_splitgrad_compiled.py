@@ -174,9 +174,12 @@ def test_compiled_llama_layers_in_a_v_pipeline_equal_one_backward(name: str) -> 
     compiled = [torch.compile(b) for b in blocks]  # inductor, as users compile
     schedule = build_schedule(name, pp=2, microbatches=4)
     pipe = LocalPipeline(compiled, schedule, nn.MSELoss(), check_split=True)
-    with pytest.warns(splitgrad.WholeBackwardWarning):
+    with pytest.warns(splitgrad.WholeBackwardWarning) as seen:
         losses = pipe.step(x, target=y)
     assert len(losses) == 4
+    said = " ".join(str(w.message) for w in seen)
+    for s in range(1, 4):  # each split stage names itself (stage 0 runs whole at W anyway)
+        assert f"stage {s}'s backward ran whole at I" in said, said
     for i, (b, r) in enumerate(zip(blocks, reference, strict=True)):
         for (pname, p), q in zip(b.named_parameters(), r.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"{i}.{pname}")

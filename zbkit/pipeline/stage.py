@@ -246,7 +246,12 @@ class PipelineStage:
             self._checked.add(act.key)
         with self._naming(microbatch, "I", names):
             result = splitgrad.stage_backward_input(
-                roots, grads, inputs, self._weights(), check=check
+                roots,
+                grads,
+                inputs,
+                self._weights(),
+                check=check,
+                where=f"stage {self.stage_index}",
             )
         # the pending W holds the graph it walks; the outputs themselves can go
         self._weight_tasks[microbatch] = _WeightTask([], result.pending_weight)

@@ -198,6 +198,7 @@ def stage_backward_input(
     weights: Iterable[torch.Tensor],
     retain_graph: bool = False,
     check: bool = False,
+    where: str = "a stage",
 ) -> BackwardInputResult:
     """I: the inputs' gradients now; everything W needs is kept in `result.pending_weight`.
 
@@ -210,8 +211,9 @@ def stage_backward_input(
     A graph whose input gradients pass a node that must not run twice (a torch.compile
     region, see _whole) runs whole here, once: the weight gradients are computed too,
     W only adds them into `.grad` (`result.whole` names the node; a WholeBackwardWarning
-    says so once). `check=True` compares I and then W with one whole backward of the same
-    graph and raises `SplitMismatch` where they differ (see _check).
+    says so once per `where`, e.g. "stage 3"). `check=True` compares I and then W with one
+    whole backward of the same graph and raises `SplitMismatch` where they differ (see
+    _check).
     """
     inputs = check_tensors("inputs", inputs)
     weights = check_tensors("weights", list(weights))
@@ -225,7 +227,7 @@ def stage_backward_input(
     # the same analysis either way; the fast path keeps it per graph structure
     stage = fast.plan if fast else find_stage_groups(out_nodes, input_nodes, weights)
     if run_i and stage.opaque:
-        return _whole_input(inputs, wanted, tensors, grads, stage, retain_graph)
+        return _whole_input(inputs, wanted, tensors, grads, stage, retain_graph, where)
     verify = None
     if check and run_i:  # the reference first, while the graph is whole
         verify, expected = SplitCheck.start(tensors, grads, wanted, weights)
@@ -273,6 +275,7 @@ def _whole_input(
     grads: list[torch.Tensor],
     stage: Any,
     retain_graph: bool,
+    where: str,
 ) -> BackwardInputResult:
     """I for a graph that must not be split (see _whole): one engine call to the inputs and
     to every group's parameters; each group's W then only delivers its gradients."""
@@ -286,6 +289,6 @@ def _whole_input(
     of_weight = zip(edges, found[len(wanted) :], strict=True)
     for work in works:
         work.ready = [next(of_weight) for _ in work.tensors]
-    warn_whole(stage.opaque)
+    warn_whole(stage.opaque, where)
     pending = PendingWeight(works)
     return BackwardInputResult(_per_input(inputs, found[: len(wanted)]), pending, stage.opaque)

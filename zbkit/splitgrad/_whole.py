@@ -36,10 +36,12 @@ def opaque_node(nodes: Iterable[Node]) -> str | None:
     return None
 
 
-def warn_whole(node_name: str) -> None:
-    """Says, once per process (the text is fixed), that a stage's backward ran whole."""
+def warn_whole(node_name: str, where: str = "a stage") -> None:
+    """Says, once per process and `where` (the text is fixed), that a stage's backward ran
+    whole."""
+    whose = "a stage's" if where == "a stage" else f"{where}'s"
     warnings.warn(
-        f"zbkit.splitgrad: a stage's backward ran whole at I, not split into I and W: its "
+        f"zbkit.splitgrad: {whose} backward ran whole at I, not split into I and W: its "
         f"input gradients pass a torch.compile region ({node_name}), whose compiled backward "
         "computes input and weight gradients in one call that must not run twice (donated "
         "buffers, wrong weight gradients: pytorch/pytorch issue 161904). The gradients are "
