@@ -1,9 +1,13 @@
 """The traps the doctor finds in the modules: a parameter two stages of one rank share while
-torch scales gradients per stage, and DDP-wrapped stages under a split backward. Each shown
+torch scales gradients per stage, one in stages on two ranks (a copy on each), and
+DDP-wrapped stages under a split backward. Each shown
 failing first, then the finding, then the fix against plain autograd."""
 
 from __future__ import annotations
 
+import cloudpickle
+import doctor_ranks
+import pytest
 import torch
 from conftest import batch, grads, mse, oracle, same
 from torch import nn
@@ -11,6 +15,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleLoopedBFS, Sched
 from torch.nn.parallel import DistributedDataParallel
 
 import zbkit.doctor
+from zbkit.launch import launch
 from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import build_schedule
 
@@ -139,3 +144,27 @@ def test_ddp_stages_under_zbkits_runtime(gloo_world) -> None:
     expected = oracle(bare, x, y, M)
     LocalPipeline(bare, zb, mse).step(x, target=y)
     assert same(grads(bare), expected)
+
+
+@pytest.mark.multiprocess
+def test_tied_embedding_on_two_ranks_each_holds_a_copy() -> None:
+    cloudpickle.register_pickle_by_value(doctor_ranks)
+    mods = doctor_ranks.tied_model()
+    x, y = doctor_ranks.tied_ids()
+    expected = oracle(mods, x, y, M, ce)[0]["table.weight"]
+    # the failure: on real ranks each copy gets its stage's part of the gradient, silently
+    parts = launch(doctor_ranks.tied_across_ranks, False, nprocs=2, timeout=300)
+    for part in parts:
+        assert not torch.allclose(part, expected, atol=1e-3)
+    torch.testing.assert_close(parts[0] + parts[1], expected)  # the parts add up to it
+    zb = build_schedule("zb-h1", pp=2, microbatches=M)
+    report = zbkit.doctor.check(mods, zb, inputs=x, target=y, loss_fn=ce)
+    assert report.traps() == ["shared-param-across-ranks"], report
+    (finding,) = report
+    assert "ranks [0, 1]" in finding.where and "all_reduce" in finding.fix
+    # the fix: the gradient summed over the two ranks, on each
+    for got in launch(doctor_ranks.tied_across_ranks, True, nprocs=2, timeout=300):
+        torch.testing.assert_close(got, expected)
+    # and a V puts both stages on rank 0: nothing to say
+    assert zbkit.doctor.check(mods, build_schedule("zb-v", pp=1, microbatches=M),
+                              inputs=x, target=y, loss_fn=ce).ok  # fmt: skip

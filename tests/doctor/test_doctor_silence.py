@@ -258,13 +258,20 @@ def ids() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hf_models_under_zbkit_schedules(family: str) -> None:
-    """zbkit's runtimes are exact, a tied embedding included (zb-v on one rank: stages 0
-    and 1, the embedding and the head, on rank 0)."""
+    """zbkit's runtimes are exact, a tied embedding included where one rank holds both the
+    embedding and the head (the V's stages 0 and 2p-1 on rank 0); untied, under a linear
+    placement too. Tied under a linear placement the doctor must speak: each rank would hold
+    its own copy of the table (tests/doctor/test_doctor_modules.py shows it on real ranks)."""
     x, y = ids()
-    for name, pp in (("zb-h1", 2), ("zb-v", 2), ("zb-v", 1), ("dualpipev", 2)):
+    for name, pp in (("zb-v", 2), ("zb-v", 1), ("dualpipev", 2)):
         schedule = build_schedule(name, pp=pp, microbatches=4)
         stages = hf_stages(family, schedule.num_stages)
         silent(stages, schedule, inputs=x, target=y, loss_fn=ce)
+    linear = build_schedule("zb-h1", pp=2, microbatches=4)
+    silent(hf_stages(family, 2, untie=True), linear, inputs=x, target=y, loss_fn=ce)
+    report = zbkit.doctor.check(hf_stages(family, 2), linear, inputs=x, target=y, loss_fn=ce)
+    want = ["shared-param-across-ranks"] if family in TIED else []
+    assert report.traps() == want, report
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -62,7 +62,7 @@ def check(
     found += _schedule.check_placement(done)
     for s in done.stages:
         found += _modules.check_ddp(done, s)
-    found += _modules.check_shared(done)
+    found += _modules.check_shared(done) + _modules.check_shared_across_ranks(done)
     skipped: list[str] = []
     if inputs is None:
         skipped.append("the stages' graphs: no inputs= to trace a microbatch with")

@@ -9,6 +9,11 @@
   `.grad` when that stage's last backward ends, so the shared `.grad` is divided once per
   stage, each time holding a different part of it. zbkit's runtimes scale the loss instead,
   once per microbatch, which is exact for a shared parameter.
+- One parameter in stages the schedule puts on different ranks (a tied embedding under a
+  linear placement): each rank builds the model and keeps its own stages, so each holds its
+  own copy of the parameter and gets only its stages' part of the gradient; nothing adds the
+  parts (in zbkit's runtimes or torch's), and the copies drift apart. Seen only where every
+  stage is given (one process's view of the whole model).
 """
 
 from __future__ import annotations
@@ -77,5 +82,35 @@ def _shared_on(setup: Setup, rank: int | None, held: list[StageInfo]) -> list[Fi
             f"build the schedule with scale_grads=False and divide the loss by the microbatch "
             f"count in loss_fn (loss / {m}); zbkit's runtimes do this and are exact",
             "wrong", stages[0], rank,
+        ))  # fmt: skip
+    return out
+
+
+def check_shared_across_ranks(setup: Setup) -> list[Finding]:
+    if not setup.whole:  # one rank's stages: the other ranks' copies are not here to see
+        return []
+    owners: dict[int, list[tuple[int, str]]] = {}
+    for s in setup.stages:
+        for name, p in s.module.named_parameters():
+            owners.setdefault(id(p), []).append((s.index, name))
+    out = []
+    for places in owners.values():
+        ranks = sorted({setup.schedule.stage_to_rank[i] for i, _ in places})
+        if len(ranks) < 2:
+            continue
+        stages = sorted({i for i, _ in places})
+        named = ", ".join(f"stage {i} {n}" for i, n in places)
+        out.append(Finding(
+            "shared-param-across-ranks",
+            f"one parameter in stages {stages} on ranks {ranks}: {named}",
+            f"on real ranks (ScheduleRunner, or torch's runtime) each of ranks {ranks} holds "
+            "its own copy and gets only its stages' part of the gradient, silently: nothing "
+            "adds the parts, and the copies drift apart after the first optimizer step "
+            "(LocalPipeline, one process, holds one parameter and is exact)",
+            f"after each step, before the optimizer, sum its gradient over ranks {ranks}: "
+            f"torch.distributed.all_reduce(p.grad, group=...) with a group of ranks {ranks}, "
+            "on each of them; or untie it; or a V schedule (zb-v, dualpipev) that puts "
+            f"stages 0 and {setup.schedule.num_stages - 1} on one rank",
+            "wrong", stages[0], ranks[0],
         ))  # fmt: skip
     return out

@@ -20,6 +20,7 @@ __all__ = ["TRAPS", "Finding", "Report"]
 TRAPS = {
     "compiled-region": "a torch.compile region in a stage whose backward is split",
     "shared-param-scaled-twice": "one parameter in two stages of one rank, grads scaled per stage",
+    "shared-param-across-ranks": "one parameter in stages on different ranks, each with a copy",
     "weight-reused-in-stage": "a weight used twice in one stage, under torch's split backward",
     "input-not-reaching-loss": "a stage input that requires grad but does not reach the outputs",
     "ddp-under-split": "a DistributedDataParallel stage under a split backward or zbkit's runtimes",
