@@ -189,11 +189,56 @@ def test_the_rank_that_failed_first_is_listed_first_and_echoes_are_not_timeouts(
     assert head == "launch failed on rank 1; then rank 0 failed waiting on another rank.\n"
     assert first.startswith("1: traceback ---") and "ValueError: bad microbatch on rank 1" in first
     assert second.startswith("0: traceback ---")
-    assert "gave up after" not in second  # it did not wait 60 s: rank 1's connection closed
+    assert "gave up after" not in second  # it did not wait 60 s: rank 1 told it why
+    echo = ("rank 0: rank 1 failed and told this rank, receiving the output gradients of "
+            "stage 0 microbatch 0 from rank 1, which 0B0 needs. Its error: StageError on "
+            "rank 1: stage 1 microbatch 0: the module's forward raised ValueError: bad "
+            "microbatch on rank 1")  # fmt: skip
+    assert echo in " ".join(second.split()), second
+    assert list(info.value.tracebacks) == [1, 0]  # causes first there too
+    assert live_children() == []
+
+
+def pipeline_dies_on_rank_1():
+    """Rank 1's process ends at its first forward, telling no one, while rank 0 waits for its
+    gradient."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from zbkit.pipeline import PipelineStage, ScheduleRunner
+    from zbkit.schedules import build_schedule
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            if dist.get_rank() == 1:
+                os._exit(7)  # as a killed process: no error, no word to the peers
+            return {"x": self.lin(x)}
+
+    rank = dist.get_rank()
+    schedule = build_schedule("1f1b", pp=2, microbatches=4)
+    runner = ScheduleRunner(schedule, PipelineStage(Stage(), rank, 2),
+                            lambda out, y: (out["x"] - y).pow(2).mean(), timeout=60)  # fmt: skip
+    x = torch.ones(8, 4)
+    runner.step(x if rank == 0 else None, targets=x if rank == 1 else None)
+
+
+def test_a_peer_that_dies_silently_is_a_closed_connection_not_a_timeout(live_children):
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(pipeline_dies_on_rank_1, nprocs=2, timeout=120)
+    msg = " ".join(str(info.value).split())
+    assert time.monotonic() - start < 100, msg  # not the runner's 60 s timeout
+    assert "gave up after" not in msg, msg
     echo = ("rank 0: the connection to rank 1 failed while receiving the output gradients of "
             "stage 0 microbatch 0 from rank 1, which 0B0 needs (not a timeout)")  # fmt: skip
-    assert echo in second
-    assert list(info.value.tracebacks) == [1, 0]  # causes first there too
+    assert echo in msg, msg
     assert live_children() == []
 
 
