@@ -1,28 +1,12 @@
-"""What the doctor's tests share: a gloo world of one rank in this process, where torch's V
-schedules put stages 0 and 1 on rank 0 (pp=1), and the oracle: plain `loss.backward()`."""
+"""What the doctor's tests share: the oracle, plain `loss.backward()`, and small models (the
+gloo world of one rank, `gloo_world`, is tests/conftest.py's)."""
 
 from __future__ import annotations
 
 import copy
-import logging
-from collections.abc import Iterator
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-
-
-@pytest.fixture
-def gloo_world() -> Iterator[None]:
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    # torch logs the whole schedule grid on a failure; the failures here are expected
-    logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -147,9 +147,12 @@ def test_launch_failures_raise_name_ranks_and_leave_nothing(live_children):
     assert live_children() == []
 
 
-def pipeline_fails_on_rank_1():
-    """Rank 1's stage raises at its first forward while rank 0 waits for its gradient; rank 1
-    tears its process group down on the way out, as a torchrun script's finally does."""
+def pipeline_fails_on_rank_1(how: str = "raises"):
+    """Rank 1's stage fails at its first forward while rank 0 waits for its gradient: it
+    raises, and tears its process group down on the way out as a torchrun script's finally
+    does ("raises"), or its process ends telling no one, as a killed one ("dies")."""
+    import os
+
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -163,6 +166,8 @@ def pipeline_fails_on_rank_1():
             self.lin = nn.Linear(4, 4)
 
         def forward(self, x):
+            if dist.get_rank() == 1 and how == "dies":
+                os._exit(7)  # no error, no word to the peers
             if dist.get_rank() == 1:
                 raise ValueError("bad microbatch on rank 1")
             return {"x": self.lin(x)}
@@ -176,7 +181,7 @@ def pipeline_fails_on_rank_1():
         runner.step(x if rank == 0 else None, targets=x if rank == 1 else None)
     finally:
         if rank == 1:
-            dist.destroy_process_group()  # closes its connections: rank 0's wait fails now
+            dist.destroy_process_group()  # closes its connections
 
 
 def test_the_rank_that_failed_first_is_listed_first_and_echoes_are_not_timeouts(live_children):
@@ -199,40 +204,10 @@ def test_the_rank_that_failed_first_is_listed_first_and_echoes_are_not_timeouts(
     assert live_children() == []
 
 
-def pipeline_dies_on_rank_1():
-    """Rank 1's process ends at its first forward, telling no one, while rank 0 waits for its
-    gradient."""
-    import os
-
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
-    from zbkit.pipeline import PipelineStage, ScheduleRunner
-    from zbkit.schedules import build_schedule
-
-    class Stage(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
-
-        def forward(self, x):
-            if dist.get_rank() == 1:
-                os._exit(7)  # as a killed process: no error, no word to the peers
-            return {"x": self.lin(x)}
-
-    rank = dist.get_rank()
-    schedule = build_schedule("1f1b", pp=2, microbatches=4)
-    runner = ScheduleRunner(schedule, PipelineStage(Stage(), rank, 2),
-                            lambda out, y: (out["x"] - y).pow(2).mean(), timeout=60)  # fmt: skip
-    x = torch.ones(8, 4)
-    runner.step(x if rank == 0 else None, targets=x if rank == 1 else None)
-
-
 def test_a_peer_that_dies_silently_is_a_closed_connection_not_a_timeout(live_children):
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(pipeline_dies_on_rank_1, nprocs=2, timeout=120)
+        launch(pipeline_fails_on_rank_1, "dies", nprocs=2, timeout=120)
     msg = " ".join(str(info.value).split())
     assert time.monotonic() - start < 100, msg  # not the runner's 60 s timeout
     assert "gave up after" not in msg, msg

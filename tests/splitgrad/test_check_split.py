@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import copy
 import gc
-import logging
 import re
 import weakref
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage as TorchStage
 from torch.distributed.pipelining import ScheduleZBVZeroBubble
@@ -274,19 +271,6 @@ def test_the_check_runs_once_per_stage_and_input_shape() -> None:
 
 
 # ---------------------------------------------------------------- one gloo rank: torch, zbkit
-
-
-@pytest.fixture
-def gloo_world() -> Iterator[None]:
-    """One rank in this process; torch's V schedule puts stages 0 and 1 on it."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    # torch logs the whole schedule grid on a failure; the failures here are expected
-    logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def torch_zbv(mods: list[nn.Module]) -> ScheduleZBVZeroBubble:
