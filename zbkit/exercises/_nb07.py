@@ -266,9 +266,9 @@ def crash_on_rank_0(answer: Any) -> tuple[bool, str]:
     if got == waiting:
         return True, (
             f"rank 1 waits at {waiting}: rank 0 ran {', '.join(ran[:-1])} and failed in "
-            f"{ran[-1]}, so rank 1 runs on until an action needs what rank 0 never made. With "
-            f"timeout=2 its own error says it gave up {recv}: it names the wait, and rank 0's "
-            "error is the cause."
+            f"{ran[-1]}, so rank 1 runs on until an action needs what rank 0 never made. Rank 0 "
+            f"tells it at once, and its own error says so, {recv}: it names the wait, and the "
+            "rank 0 error it carries is the cause."
         )
     if got.stage == 0:
         return False, "that is rank 0's program (stage 0): where does rank 1 (stage 1) stop?"
