@@ -198,3 +198,29 @@ def test_compiled_region_under_torchs_split(gloo_world) -> None:
     assert "161904" in own.findings[0].happens and own.findings[0].stage == 1
     drop_in = _doctor(stages, schedule, runtime="torch+zbkit")
     assert drop_in.traps() == ["compiled-region"] and drop_in.findings[0].severity == "slower"
+
+
+class CompiledWeight(nn.Module):
+    """A compiled part only the weights feed: outside the input closure, run at W alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.shape = torch.compile(lambda w: torch.tanh(w) * 2, backend="aot_eager")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.shape(self.lin.weight)
+
+
+def test_a_compiled_region_only_weights_feed_keeps_the_split() -> None:
+    torch._dynamo.reset()
+    mods = _model(CompiledWeight())
+    x, y = batch()
+    zb = build_schedule("zb-h1", pp=2, microbatches=M)
+    assert zbkit.doctor.check(mods, zb, inputs=x, target=y, loss_fn=mse).ok
+    # what it says: zbkit keeps the split there (no whole backward), and is exact
+    expected = oracle(mods, x, y, M)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", zbkit.splitgrad.WholeBackwardWarning)
+        LocalPipeline(mods, zb, mse).step(x, target=y)
+    assert same(grads(mods), expected, atol=1e-5)

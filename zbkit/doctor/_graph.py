@@ -1,7 +1,8 @@
 """Checks that read one traced microbatch's autograd graph (see `_trace`).
 
 - a torch.compile region (a backward node of a custom Function of torch._functorch's, like
-  `CompiledFunctionBackward`) in a stage whose backward is split;
+  `CompiledFunctionBackward`, splitgrad's `opaque_node`) in the input closure of a stage
+  whose backward is split;
 - a reentrant activation checkpoint (`CheckpointFunctionBackward`) in such a stage;
 - under torch's own split: torch's `stage_backward_input` then `stage_backward_weight`, run
   on the traced graph (the installed torch's own functions), and what they did: raised (a
@@ -21,17 +22,18 @@ from torch.distributed.pipelining import _backward as torch_backward
 from zbkit.doctor._setup import Setup
 from zbkit.doctor._trace import Traced
 from zbkit.doctor.findings import Finding
+from zbkit.splitgrad import build_reverse_graph, opaque_node, reverse_closure
 
 SECOND_TIME = "backward through the graph a second time"
 
 
-def compiled_node(nodes: list[Node]) -> str | None:
-    """The first node that is a compiled region's backward (AOTAutograd's custom Function)."""
-    for node in nodes:
-        cls = getattr(node, "_forward_cls", None)  # set on custom Functions' backward nodes
-        if cls is not None and cls.__module__.startswith("torch._functorch"):
-            return type(node).__name__
-    return None
+def compiled_node(t: Traced) -> str | None:
+    """The first compiled region's backward in the stage's input closure: the nodes a split
+    runs at I and again at W (one only the weights feed runs at W alone, once)."""
+    inputs = [n for n in map(_node, t.inputs) if n is not None]
+    reverse = build_reverse_graph(r.grad_fn for r in t.roots)
+    closure, _ = reverse_closure(inputs, set(), reverse)
+    return opaque_node(n for n in t.nodes if n in closure)
 
 
 def reentrant_node(nodes: list[Node]) -> str | None:
@@ -42,7 +44,7 @@ def reentrant_node(nodes: list[Node]) -> str | None:
 
 
 def check_compiled(setup: Setup, t: Traced) -> list[Finding]:
-    node = compiled_node(t.nodes)
+    node = compiled_node(t)
     if node is None or not setup.splits(t.stage):
         return []
     where = f"{setup.where(t.stage)}, node {node}"
@@ -91,7 +93,7 @@ def check_torch_split(setup: Setup, t: Traced) -> list[Finding]:
     """torch's own I and W on the traced microbatch (the caller restores `.grad`)."""
     if setup.runtime != "torch" or not setup.splits(t.stage):
         return []
-    if compiled_node(t.nodes) or reentrant_node(t.nodes):
+    if compiled_node(t) or reentrant_node(t.nodes):
         return []  # reported above, with their own fix
     params = [p for p in t.stage.module.parameters() if p.requires_grad]
     for p in params:

@@ -20,7 +20,7 @@ from zbkit.splitgrad._graph import build_reverse_graph, grad_node, reverse_closu
 from zbkit.splitgrad._groups import ParamGroup, group_params
 from zbkit.splitgrad._pending import PendingWeight
 from zbkit.splitgrad._weight import stage_backward_weight
-from zbkit.splitgrad._whole import WholeBackwardWarning
+from zbkit.splitgrad._whole import WholeBackwardWarning, opaque_node
 from zbkit.splitgrad.analysis import SplitGradAnalysis, analyze
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "grad_node",
     "group_params",
     "needs_direction",
+    "opaque_node",
     "reference_weight_pass",
     "reverse_closure",
     "stage_backward_full",
