@@ -23,7 +23,8 @@ import random
 import sys
 import time
 
-from zbkit.schedules import Costs, _walk, build_schedule, lower_bound, simulate, solve
+from zbkit.schedules import Costs, build_schedule, lower_bound, simulate, solve
+from zbkit.schedules.optimum import walk
 
 COSTS = {
     "equal": Costs(1, 1, 1),
@@ -87,11 +88,11 @@ def main(quick: bool, placements: list[str]) -> int:
                 bound = lower_bound(pp=p, microbatches=m, costs=costs, memory_limit=share * p)
                 print(f"  p={p:>2} m={m:>3} {label:<14} limit {share:g}p: "
                       f"bound/zb-auto {bound / span:.1%}")  # fmt: skip
-    # up to 768 actions the bound walks every action (`_walk.chains`), up to 192 it probes
+    # up to 768 actions the bound walks every action (`walk.chains`), up to 192 it probes
     # pairs of forwards (only where a rank holds two stages: the V); beyond, closed forms
     sizes = [("linear", p, m) for p, m in ((4, 8), (8, 32), (8, 64), (16, 128), (32, 256))]
     for placement, p, m in [*sizes, ("v", 3, 8), ("v", 4, 8), ("v", 4, 32)]:
-        _walk._chains.cache_clear()  # the walk remembers settings: time it from nothing
+        walk._chains.cache_clear()  # the walk remembers settings: time it from nothing
         started = time.perf_counter()
         lower_bound(pp=p, microbatches=m, costs=COSTS["paper-like"], memory_limit=0.75 * p,
                     placement=placement)  # fmt: skip

@@ -29,7 +29,7 @@ from zbkit.schedules import (
     solve,
     validate,
 )
-from zbkit.schedules.exact import bound_for
+from zbkit.schedules.optimum.exact import bound_for
 from zbkit.schedules.formulas import bubble, peak_memory
 from zbkit.schedules.throughput import throughput
 

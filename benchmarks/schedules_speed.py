@@ -20,7 +20,8 @@ import statistics
 import sys
 import time
 
-from zbkit.schedules import Costs, _auto, build_schedule, simulate
+from zbkit.schedules import Costs, build_schedule, simulate
+from zbkit.schedules.search import auto
 from zbkit.schedules.builders import SCHEDULES
 
 # 14.6B model of the Zero Bubble paper (Table 6, m=128): T_F, T_B (our I), T_W, T_comm in ms
@@ -31,7 +32,7 @@ SIZES = {16: (64, 0.2, 5), 64: (512, 1.0, 3)}  # pp: (m, budget s, repeats)
 def once(name: str, pp: int, m: int, **options) -> tuple[float, float, float, float]:
     """(wall, CPU, build, validate + simulate) seconds; CPU is what a busy machine distorts
     least; the split says which part to make faster."""
-    _auto._RECENT.clear()  # zb-auto: time the search, not the memory of one
+    auto._RECENT.clear()  # zb-auto: time the search, not the memory of one
     wall, cpu = time.perf_counter(), time.process_time()
     schedule = build_schedule(name, pp=pp, microbatches=m, **options)
     built = time.perf_counter()

@@ -51,7 +51,7 @@ _OUTSIDE = "collections|datetime|os|pathlib|torch|matplotlib|ipywidgets|IPython|
 nitpick_ignore_regex = [(r"py:.*", rf"({_OUTSIDE})(\..*)?")]
 # zb-auto's candidate record (a name, a reason, a builder): `explain_auto` prints its name and
 # reason; the builder's types are the search's internals, documented in the source only
-nitpick_ignore = [("py:class", "zbkit.schedules._candidates.Candidate")]
+nitpick_ignore = [("py:class", "zbkit.schedules.search.candidates.Candidate")]
 
 html_theme = "furo"
 html_title = f"zbkit {release}"

@@ -128,6 +128,6 @@ class TorchProgress:
 
 def waiting_grid(schedule: Schedule, rank: int, position: int) -> str:
     """The schedule's grid around the action `rank` waits in, marked `<-- WAITING HERE`."""
-    from zbkit.schedules._grid import WAITING, render_grid
+    from zbkit.schedules.core.grid import WAITING, render_grid
 
     return render_grid(schedule.program, [(rank, position)], window=True, marker=WAITING)

@@ -219,7 +219,7 @@ class Watchdog:
                 time.sleep(1)
             return
         frames = [f for f, _ in traceback.walk_tb(tb)][::-1]  # innermost first
-        from zbkit.schedules._grid import WAITING, as_waiting
+        from zbkit.schedules.core.grid import WAITING, as_waiting
 
         failed = "".join(traceback.format_exception(type(exc), exc, tb))
         # the runner's note marks the action it waited for: that is where it waited
@@ -292,7 +292,7 @@ def _locate(frames: list[FrameType]) -> tuple[Schedule | None, int, int, str] | 
 def _zbkit_spot(local: dict[str, Any]) -> tuple[Schedule, int, int, str]:
     # ScheduleRunner._walk's own bookkeeping: `done` compute actions finished, `item` the
     # plan step it is on (a receive waits for the next action; a send follows the last one)
-    from zbkit.schedules.plan import Comm, CommOp
+    from zbkit.schedules.core.plan import Comm, CommOp
 
     runner, done, item = local["self"], local.get("done", 0), local.get("item")
     program = runner.schedule.program[runner.rank]

@@ -23,7 +23,7 @@ import zbkit.debug
 from zbkit.parallel import init_distributed
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.schedules import Schedule
-from zbkit.schedules.plan import Plan
+from zbkit.schedules.core.plan import Plan
 
 SCHEDULE = Schedule.from_program(
     {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1B0", "1F1", "1B1"]}, name="b-before-f"

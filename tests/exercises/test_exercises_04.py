@@ -19,7 +19,7 @@ from notebook_cells import cell_index, cell_source, cell_stdout, read_cells
 
 from zbkit.exercises import check
 from zbkit.schedules import Costs, build_schedule, explain_auto, simulate
-from zbkit.schedules._bounds import lower_bound
+from zbkit.schedules.optimum.bounds import lower_bound
 
 matplotlib.use("Agg")
 

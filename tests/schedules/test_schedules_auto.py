@@ -13,16 +13,17 @@ import random
 import pytest
 from random_costs import random_setting
 
-from zbkit.schedules import Costs, Schedule, _bounds, build_schedule, simulate, validate
-from zbkit.schedules._auto import CANDIDATES, Problem
-from zbkit.schedules._build_fixed import zb_v as zb_v_construction
-from zbkit.schedules._build_greedy import Moves, greedy
-from zbkit.schedules._build_heuristic import heuristic, sweep
-from zbkit.schedules._candidates import EXACT_MAX_ACTIONS, _exact
-from zbkit.schedules._refine import defer_late_ws
-from zbkit.schedules._timeline import Slower
+from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
+from zbkit.schedules.optimum import bounds
+from zbkit.schedules.search.auto import CANDIDATES, Problem
+from zbkit.schedules.named.fixed import zb_v as zb_v_construction
+from zbkit.schedules.search.greedy import Moves, greedy
+from zbkit.schedules.search.heuristic import heuristic, sweep
+from zbkit.schedules.search.candidates import EXACT_MAX_ACTIONS, _exact
+from zbkit.schedules.search.refine import defer_late_ws
+from zbkit.schedules.search.timeline import Slower
 from zbkit.schedules.builders import explain_auto
-from zbkit.schedules.costs import per_stage
+from zbkit.schedules.core.costs import per_stage
 from zbkit.schedules.paper import TABLE5, TABLE6
 
 # the paper's Table 6 times and Table 5 rates, quoted once in zbkit.schedules.paper
@@ -306,10 +307,10 @@ def test_lower_bounds_agree_with_the_bounds_written_here(model, m):
     # two writings of the same bounds: zb-auto's (_bounds) and this file's (on bubble rates)
     p, c = paper_costs(model, m)
     for limit in (p * 1.0, 1.5 * p, 2 * p * 1.0):
-        assert _rate(_bounds.rank0(p, m, c, limit), p, m, c) == pytest.approx(
+        assert _rate(bounds.rank0(p, m, c, limit), p, m, c) == pytest.approx(
             rank0_bound(p, m, c, limit), abs=1e-12
         )
-    assert _rate(_bounds.last_stage(p, m, c), p, m, c) == pytest.approx(
+    assert _rate(bounds.last_stage(p, m, c), p, m, c) == pytest.approx(
         last_stage_bound(p, m, c), abs=1e-12
     )
 
@@ -322,7 +323,7 @@ def test_no_candidate_beats_the_lower_bound():
         placement, p, m, costs = random_setting(rng, (2, 5), (1, 12), uneven=trial % 3 == 0)
         limit = rng.uniform(0.8, 2.2) * len(costs)
         problem = Problem(p, m, costs, limit, placement)
-        bound = _bounds.lower_bound(problem.stage_to_rank, m, costs, limit, placement)
+        bound = bounds.lower_bound(problem.stage_to_rank, m, costs, limit, placement)
         programs = []
         for candidate in CANDIDATES[placement]:
             try:
@@ -595,7 +596,7 @@ def test_zb_auto_v_skipping_repeated_greedy_moves_changes_nothing():
 
 
 def test_recent_answers_are_kept_and_the_least_recently_asked_forgotten_first():
-    from zbkit.schedules._recent import Recent
+    from zbkit.schedules.core.recent import Recent
 
     made = []
     recent: Recent[int] = Recent(size=2)

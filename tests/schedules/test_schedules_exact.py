@@ -16,7 +16,7 @@ import pytest
 
 from zbkit.schedules import Costs, Schedule, ScheduleError, build_schedule, lower_bound, simulate
 from zbkit.schedules import solve as solve_exact
-from zbkit.schedules.action import Action
+from zbkit.schedules.core.action import Action
 
 pytest.importorskip("ortools")
 
@@ -164,7 +164,7 @@ def test_every_schedule_is_told_how_far_from_optimal_it_can_be(capsys) -> None:
 
     from zbkit.schedules.cli import add_arguments
     from zbkit.schedules.cli import main as cli_main
-    from zbkit.schedules.exact import bound_for, gap_line
+    from zbkit.schedules.optimum.exact import bound_for, gap_line
 
     costs = Costs(1, 1.5, 0.5, comm=0.2)
     found = solve_exact(pp=4, microbatches=8, costs=costs, memory_limit=4)
@@ -252,9 +252,9 @@ def test_the_warm_start_is_the_solvers_first_incumbent() -> None:
     # a cap of almost no work leaves the solver little more than its start: from the
     # construction's 24.9 (optimal here) it must not come back worse (the MILP on HiGHS did
     # while setting the objective after the start dropped it: 26.2)
-    from zbkit.schedules._candidates import CANDIDATES, Problem
-    from zbkit.schedules.costs import per_stage
-    from zbkit.schedules.exact import prove
+    from zbkit.schedules.search.candidates import CANDIDATES, Problem
+    from zbkit.schedules.core.costs import per_stage
+    from zbkit.schedules.optimum.exact import prove
 
     costs = Costs(1, 1.5, 0.5, comm=0.2)
     per = per_stage(costs, [0, 1])
@@ -301,7 +301,7 @@ def test_a_solve_from_nothing_finds_the_same_optimum() -> None:
 
 
 def test_lower_bound_on_the_v_is_certified_and_at_least_90_percent() -> None:
-    # the memory chains (`_bounds.chains`) see that a V rank holds two chunks' activations:
+    # the memory chains (`bounds.chains`) see that a V rank holds two chunks' activations:
     # under 0.75 p the closed forms alone fell to 78% of the optimum (p=3, m=4, W cheap)
     worst = 1.0
     for (p, m), costs, share in itertools.product(((2, 2), (2, 3), (2, 4), (3, 2), (3, 4)),
@@ -320,16 +320,16 @@ def test_probing_both_orders_of_two_forwards_lifts_the_v_bound_to_the_optimum(mo
     # the V at p=2, m=8, W cheap, under 0.75 p: rank 0 picks which chunk's forward runs
     # first, and either order delays rank 1; the walk alone sees 26.35 (89.8% of the proven
     # 29.35), probing both orders of each pair finds the optimum itself
-    from zbkit.schedules import _walk
+    from zbkit.schedules.optimum import walk
 
     costs, limit = Costs(1, 1.5, 0.5, comm=0.2), 1.5
     found = solve_exact(pp=2, microbatches=8, costs=costs, memory_limit=limit, placement="v")
     assert found.optimal and found.value == pytest.approx(29.35)
     probed = lower_bound(pp=2, microbatches=8, costs=costs, memory_limit=limit, placement="v")
-    monkeypatch.setattr(_walk, "PROBE_MAX_ACTIONS", 0)
-    _walk._chains.cache_clear()
+    monkeypatch.setattr(walk, "PROBE_MAX_ACTIONS", 0)
+    walk._chains.cache_clear()
     walked = lower_bound(pp=2, microbatches=8, costs=costs, memory_limit=limit, placement="v")
-    _walk._chains.cache_clear()
+    walk._chains.cache_clear()
     assert walked == pytest.approx(26.35) and walked < 0.9 * found.value
     assert probed == pytest.approx(found.value)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
-from zbkit.schedules.action import KINDS
-from zbkit.schedules.simulate import repeated
+from zbkit.schedules.core.action import KINDS
+from zbkit.schedules.sim.simulate import repeated
 from zbkit.schedules.throughput import rank_costs, throughput
 
 ONE = Costs(1, 1, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from zbkit.schedules import Costs, build_schedule, simulate
-from zbkit.schedules.costs import MEMORY_UNIT, per_stage
+from zbkit.schedules.core.costs import MEMORY_UNIT, per_stage
 
 P, M = 4, 8
 ONE = Costs(1, 1, 1)

@@ -1,4 +1,4 @@
-"""The searched builders' timeline (`_timeline.Timeline`) keeps the simulator's rules.
+"""The searched builders' timeline (`timeline.Timeline`) keeps the simulator's rules.
 
 Every searched builder places its actions through the timeline, and zb-auto then times the
 result with the simulator: if the two disagreed, a builder would optimise one thing and be
@@ -14,8 +14,8 @@ import random
 import pytest
 
 from zbkit.schedules import Schedule, simulate, validate
-from zbkit.schedules._timeline import Slower, Timeline
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.search.timeline import Slower, Timeline
+from zbkit.schedules.core.costs import Costs
 
 
 def _random_costs(rng: random.Random, n: int) -> list[Costs]:

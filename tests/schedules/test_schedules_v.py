@@ -28,7 +28,7 @@ PAPER_BUBBLE = {"v-half": lambda p: 3 * p, "v-min": lambda p: 4 * p}
 
 
 def block_bound(name: str, p: int) -> int:
-    """The bubble before any reordering, derived from the block (zbkit/schedules/_build_v.py):
+    """The bubble before any reordering, derived from the block (zbkit/schedules/named/v.py):
     the steady state is packed, so rank 0's bubble is its block's span less its 6 passes.
     Its last F/I pass (I on stage 0) ends at slot 4p+g (V-Min) or 6p+g-1 (V-Half), its two
     W at most 2 slots later. Reordering only moves passes of the two ends earlier."""

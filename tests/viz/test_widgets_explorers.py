@@ -16,7 +16,7 @@ from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, Event, build_schedule, simulate
 from zbkit.schedules.builders import explain_auto
 from zbkit.schedules.catalog import RECORDS
-from zbkit.schedules.events import rank_spans
+from zbkit.schedules.core.events import rank_spans
 from zbkit.splitgrad import analyze
 from zbkit.viz import plot_memory
 from zbkit.widgets import ParamGroupExplorer, RunViewer, ScheduleExplorer
@@ -335,7 +335,7 @@ def test_run_viewer_title_legend_and_rows_never_overlap_and_one_rank_stays_tall(
 
 
 def test_the_explorer_says_how_far_from_optimal_the_schedule_can_be():
-    from zbkit.schedules.exact import bound_for
+    from zbkit.schedules.optimum.exact import bound_for
 
     e = ScheduleExplorer("zb-h1", pp=4, microbatches=8)  # F = I = W: at the bound
     assert _number(e.numbers.value, "how far from optimal").startswith("optimal")

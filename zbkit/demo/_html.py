@@ -24,8 +24,8 @@ from zbkit.demo._report import (
     real_rows,
     speedup_rows,
 )
-from zbkit.schedules.action import PARTS
-from zbkit.schedules.costs import per_stage
+from zbkit.schedules.core.action import PARTS
+from zbkit.schedules.core.costs import per_stage
 
 _CSS = """
 body { font-family: system-ui, sans-serif; max-width: 1250px; margin: 2em auto; color: #222; }

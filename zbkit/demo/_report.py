@@ -20,8 +20,8 @@ import torch
 
 from zbkit.pipeline import Trace
 from zbkit.schedules import Costs, Schedule, Simulation, bubble_rate, simulate
-from zbkit.schedules.action import PARTS
-from zbkit.schedules.costs import MEMORY_UNIT
+from zbkit.schedules.core.action import PARTS
+from zbkit.schedules.core.costs import MEMORY_UNIT
 from zbkit.schedules.measure import hop_latency, measured_costs
 
 

@@ -17,7 +17,7 @@ import torch
 from zbkit.doctor._setup import Setup
 from zbkit.doctor.findings import Finding
 from zbkit.schedules import ScheduleError, validate
-from zbkit.schedules.placement import stage_to_rank
+from zbkit.schedules.core.placement import stage_to_rank
 
 
 def check_refused(

@@ -23,11 +23,11 @@ from zbkit.schedules import (
     Action,
     Schedule,
     ScheduleError,
-    _engine,
     build_schedule,
     validate,
 )
-from zbkit.schedules.plan import CommOp, derive_plan
+from zbkit.schedules.core.plan import CommOp, derive_plan
+from zbkit.schedules.sim import engine
 from zbkit.splitgrad import (
     GradDirection,
     needs_direction,
@@ -245,8 +245,8 @@ def crash_leaves_waiting(crashed: int, forwards_done: int) -> tuple[list[str], A
     cut = Schedule({crashed: row[:failed], other: s.program[other]}, s.stage_to_rank, 4)
     unit = {(st, kind): 1.0 for st in range(s.num_stages) for kind in KINDS}
     try:
-        _engine.run(cut, unit, [0.0] * s.num_stages)  # each rank runs while its inputs exist
-    except _engine.Stuck as stuck:
+        engine.run(cut, unit, [0.0] * s.num_stages)  # each rank runs while its inputs exist
+    except engine.Stuck as stuck:
         waiting = stuck.blocked[other][1]
     else:
         raise AssertionError("the other rank finished without the crashed rank")

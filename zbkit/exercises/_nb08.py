@@ -17,7 +17,7 @@ from torch import nn
 from zbkit.exercises._core import exercise
 from zbkit.exercises._nb01 import is_count
 from zbkit.schedules import Action, Costs, Schedule, compare_with_torch, derive_plan, simulate
-from zbkit.schedules.plan import CommOp
+from zbkit.schedules.core.plan import CommOp
 
 
 def torch_schedule(name: str, pp: int, microbatches: int) -> Schedule:

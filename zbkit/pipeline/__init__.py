@@ -34,7 +34,7 @@ from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.synthetic import SyntheticStage
 from zbkit.pipeline.torch_trace import TorchRecorder, schedule_of_trace, trace_torch
 from zbkit.pipeline.trace import CommEvent, MemorySample, Trace
-from zbkit.schedules.plan import Comm, Plan
+from zbkit.schedules.core.plan import Comm, Plan
 
 __all__ = [
     "Comm",

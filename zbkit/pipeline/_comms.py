@@ -45,8 +45,8 @@ from zbkit.pipeline._shapes import (
     to_bytes_tensor,
     unsendable,
 )
-from zbkit.schedules.action import Product
-from zbkit.schedules.plan import Comm, CommOp
+from zbkit.schedules.core.action import Product
+from zbkit.schedules.core.plan import Comm, CommOp
 
 _KIND_TAG = {Product.ACT: 0, Product.GRAD: 1}
 _SLOTS = MAX_TENSORS  # tags per message: tensor i of a message uses tag base * _SLOTS + i

@@ -28,7 +28,7 @@ from zbkit.pipeline._execute import (
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import Trace
 from zbkit.schedules import Schedule, ScheduleError, validate
-from zbkit.schedules.schedule import expect_schedule
+from zbkit.schedules.core.schedule import expect_schedule
 
 
 class LocalPipeline:

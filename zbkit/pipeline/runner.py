@@ -39,7 +39,7 @@ from zbkit.pipeline._execute import (
 from zbkit.pipeline.stage import PipelineStage, StageError
 from zbkit.pipeline.trace import CommEvent, Trace
 from zbkit.schedules import Comm, CommOp, Schedule, derive_plan, validate
-from zbkit.schedules.schedule import expect_schedule
+from zbkit.schedules.core.schedule import expect_schedule
 
 FIRST_CONTACT = 120.0  # seconds the first step's schedule handshake waits at least
 

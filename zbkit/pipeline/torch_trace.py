@@ -37,7 +37,7 @@ from typing import Any
 
 from zbkit.pipeline.trace import MemorySample, Trace
 from zbkit.schedules import Event, Schedule
-from zbkit.schedules.action import Action, Overlap, Product
+from zbkit.schedules.core.action import Action, Overlap, Product
 
 __all__ = ["TorchRecorder", "schedule_of_trace", "trace_torch"]
 

@@ -8,7 +8,7 @@ for all processes of a host), and from 0 again once ``Trace.merge`` joins the ra
 The memory record counts, after every action, how many microbatches each stage really holds:
 between F and I/B (activations) and between I and W (weight-gradient state). Weighted by a
 ``Costs`` (``mem_activation`` per activation, ``mem_weight`` per pending W) and placed in
-time by the one memory rule of ``zbkit.schedules.events`` (growth at an action's start,
+time by the one memory rule of ``zbkit.schedules.core.events`` (growth at an action's start,
 shrinking at its end), it is the quantity the simulator's memory model gives, so
 ``trace.memory_for(costs)`` is comparable with ``simulate(schedule, costs).memory``. The
 weights are ``trace.costs``: ``Costs()`` unless set, and the repr says so. One ``Costs`` is
@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 
 from zbkit._display import show
 from zbkit.schedules import Costs, Event, bubble_rate, memory_deltas, memory_steps
-from zbkit.schedules.costs import stage_costs
-from zbkit.schedules.events import CommEvent
+from zbkit.schedules.core.costs import stage_costs
+from zbkit.schedules.core.events import CommEvent
 
 
 class MemorySample(NamedTuple):

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
 
-from zbkit.schedules import _build_fixed as fixed
-from zbkit.schedules import _build_looped as looped
+from zbkit.schedules.named import fixed as fixed
+from zbkit.schedules.named import looped as looped
 from zbkit.schedules import formulas as f
-from zbkit.schedules._build_dualpipe import dualpipe_v
-from zbkit.schedules._build_v import v_schedule
-from zbkit.schedules.placement import stage_to_rank
-from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.named.dualpipe import dualpipe_v
+from zbkit.schedules.named.v import v_schedule
+from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.core.schedule import Schedule
 
 __all__ = [
     "RECORDS",
@@ -198,10 +198,10 @@ def _zb_auto(
     memory_limit: Any = None,
     placement: str = "linear",
 ) -> Schedule:
-    """The fastest of zb-auto's candidates for `placement` under the limit (`_auto.search`)."""
+    """The fastest of zb-auto's candidates for `placement` under the limit (`auto.search`)."""
     # imported here, not above: the search's own modules may then read this one
     # (`stage_to_rank`) without an import cycle
-    from zbkit.schedules._auto import zb_auto
+    from zbkit.schedules.search.auto import zb_auto
 
     return zb_auto(pp, m, name, costs, memory_limit, placement)
 
@@ -217,7 +217,7 @@ def _zb_opt(
 ) -> Schedule:
     """The exact solver's schedule (`exact.solve`): proven optimal, or the best it found in
     `time_limit` seconds."""
-    from zbkit.schedules.exact import optimum
+    from zbkit.schedules.optimum.exact import optimum
 
     return optimum(pp, m, name, costs, memory_limit, placement, time_limit)
 

@@ -26,11 +26,11 @@ from typing import Any
 
 from zbkit.schedules.builders import build_schedule
 from zbkit.schedules.catalog import RECORDS, ScheduleRecord
-from zbkit.schedules.costs import MEMORY_UNIT, Costs
-from zbkit.schedules.placement import stage_to_rank
-from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.simulate import Simulation, simulate
-from zbkit.schedules.validate import validate
+from zbkit.schedules.core.costs import MEMORY_UNIT, Costs
+from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.core.schedule import Schedule, ScheduleError
+from zbkit.schedules.sim.simulate import Simulation, simulate
+from zbkit.schedules.sim.validate import validate
 
 __all__ = ["TorchComparison", "compare_with_torch", "from_torch", "torch_names"]
 

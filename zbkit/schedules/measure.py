@@ -9,9 +9,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
-from zbkit.schedules.action import KINDS, PARTS, kinds_making
-from zbkit.schedules.costs import Costs
-from zbkit.schedules.events import Event
+from zbkit.schedules.core.action import KINDS, PARTS, kinds_making
+from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.events import Event
 
 EventKey = tuple[int, str, int]  # (stage, kind, microbatch)
 

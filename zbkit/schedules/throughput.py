@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbkit.schedules.costs import Costs, per_stage
-from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import Simulation, simulate
+from zbkit.schedules.core.costs import Costs, per_stage
+from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.sim.simulate import Simulation, simulate
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zbkit._display import renders
-from zbkit.schedules.costs import MEMORY_UNIT
+from zbkit.schedules.core.costs import MEMORY_UNIT
 from zbkit.viz._colors import kind_color
 
 __all__ = ["schedule_html", "simulation_html", "trace_html"]

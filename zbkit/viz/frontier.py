@@ -16,10 +16,11 @@ from typing import Any, NamedTuple
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
-from zbkit.schedules import SCHEDULES, Costs, _bounds, build_schedule, simulate
+from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
+from zbkit.schedules.optimum import bounds
 from zbkit.schedules.catalog import RECORDS, Style
-from zbkit.schedules.costs import MEMORY_UNIT, per_stage
-from zbkit.schedules.placement import stage_to_rank
+from zbkit.schedules.core.costs import MEMORY_UNIT, per_stage
+from zbkit.schedules.core.placement import stage_to_rank
 from zbkit.viz._figure import ZbFigure
 
 _OTHER_MARKERS = "osD^v<>phX*P8d"
@@ -221,7 +222,7 @@ def _draw_points(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
 
 def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[str, list]:
     """The certified floor of each searched placement: at each peak x, the least bubble rate
-    any schedule of that placement can reach holding at most x (`_bounds.lower_bound` on its
+    any schedule of that placement can reach holding at most x (`bounds.lower_bound` on its
     longest span). Sampled on a grid, each value taken at the grid's next x, so the line stays
     at or under the true floor; none where overlapped pairs save time (the bounds do not
     count it)."""
@@ -235,14 +236,14 @@ def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[
     for placement in placements:
         where = stage_to_rank(placement, pp)
         per = per_stage(costs, where)
-        # the walked bound (`_bounds.chains`, milliseconds each) at the points' peaks only:
+        # the walked bound (`bounds.chains`, milliseconds each) at the points' peaks only:
         # at x, the one at the next peak up (a larger limit's bound is still a bound at x)
         peaks = sorted({p.memory for p in points})
-        walked = [_bounds.lower_bound(where, m, per, y, placement) for y in peaks]
+        walked = [bounds.lower_bound(where, m, per, y, placement) for y in peaks]
         spans = []
         for x in xs:
             up = next((b for y, b in zip(peaks, walked, strict=True) if y >= x - 1e-12), 0.0)
-            spans.append(max(up, _bounds.lower_bound(where, m, per, x, placement, walk=False)))
+            spans.append(max(up, bounds.lower_bound(where, m, per, x, placement, walk=False)))
         out[placement] = [
             (x, max(0.0, 1 - ideal / span)) for x, span in zip(xs, spans, strict=True)
         ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from zbkit.schedules import Costs, memory_deltas, memory_steps
-from zbkit.schedules.costs import MEMORY_UNIT
+from zbkit.schedules.core.costs import MEMORY_UNIT
 from zbkit.viz._colors import LIMIT_COLOR, kind_color
 from zbkit.viz._figure import DPI, ZbFigure, check_ranks
 from zbkit.viz.timeline import Timeline, timeline
@@ -21,7 +21,7 @@ def _memory(t: Timeline, costs: Any) -> dict[int, tuple[list[float], list[float]
     A Trace weighs its measured counts (by `costs`, else its own `trace.costs`); a
     Simulation has its memory already (recomputed when other `costs` are given); a plain
     event list gets the one memory rule with `costs` (default `Costs()`). Every path places
-    the changes by `zbkit.schedules.events`' rule.
+    the changes by `zbkit.schedules.core.events`' rule.
     """
     source, t0 = t.source, t.t0  # the source's own steps are on its clock: shift them
     if hasattr(source, "memory_for"):
@@ -54,7 +54,7 @@ def plot_memory(
 
     Memory follows the `KINDS` table (`Costs.memory`: F adds `mem_activation`; I adds
     `mem_weight - mem_activation`; W subtracts `mem_weight`; B subtracts `mem_activation`) and
-    the one timing rule of `zbkit.schedules.events`. `costs` defaults to the simulation's (or
+    the one timing rule of `zbkit.schedules.core.events`. `costs` defaults to the simulation's (or
     trace's) own; `limit` to its `memory_limit` when it has one.
     """
     t = timeline(simulation_or_trace)

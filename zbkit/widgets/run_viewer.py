@@ -8,7 +8,7 @@ from typing import Any
 import ipywidgets as w
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from zbkit.schedules.events import rank_spans
+from zbkit.schedules.core.events import rank_spans
 from zbkit.schedules.throughput import rank_costs
 from zbkit.viz import plot_schedule, timeline
 from zbkit.widgets._common import Offline, table_html

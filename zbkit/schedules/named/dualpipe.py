@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from zbkit.schedules.action import Action, Overlap
+from zbkit.schedules.core.action import Action, Overlap
 
 
 def dualpipe_v(p: int, m: int) -> dict[int, list[Action | Overlap]]:

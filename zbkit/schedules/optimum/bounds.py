@@ -25,7 +25,7 @@ Bounds on some rank's span (first start to last end), so on the longest one:
     (2p-1) F and (2p-2) comm after its first F, rank 0 can only run first-stage forwards.
 The last three assume every stage costs the same and one of the two placements.
 And for any costs and placement, up to `CHAINS_MAX_ACTIONS`, the walk over every action
-(`_walk.chains`, for schedules that run each stage's microbatches in order): the orders memory
+(`walk.chains`, for schedules that run each stage's microbatches in order): the orders memory
 forces between forwards, each action's earliest start (what it depends on, its rank's work
 that must come first, the input gradients a forward waits for to make room), up to
 `PROBE_MAX_ACTIONS` both orders of each pair of a rank's forwards on different stages, then
@@ -36,9 +36,9 @@ closed forms fell to 78% of the optimum, the walk keeps 92.5% (`benchmarks/exact
 
 from __future__ import annotations
 
-from zbkit.schedules._timeline import TOL
-from zbkit.schedules._walk import CHAINS_MAX_ACTIONS, chains
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.search.timeline import TOL
+from zbkit.schedules.optimum.walk import CHAINS_MAX_ACTIONS, chains
+from zbkit.schedules.core.costs import Costs
 
 
 def busy(stage_to_rank: list[int], m: int, costs: list[Costs]) -> float:

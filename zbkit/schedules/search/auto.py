@@ -30,15 +30,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from zbkit.schedules import _engine
-from zbkit.schedules._bounds import gap_line, lower_bound
-from zbkit.schedules._candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
-from zbkit.schedules._recent import Recent
-from zbkit.schedules._timeline import TOL, Slower, beyond, keyed_costs, running_peak
-from zbkit.schedules.costs import Costs, one_f_one_b_peak
-from zbkit.schedules.costs import per_stage as costs_per_stage
-from zbkit.schedules.schedule import Schedule, ScheduleError
-from zbkit.schedules.validate import check_actions
+from zbkit.schedules.sim import engine
+from zbkit.schedules.optimum.bounds import gap_line, lower_bound
+from zbkit.schedules.search.candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
+from zbkit.schedules.core.recent import Recent
+from zbkit.schedules.search.timeline import TOL, Slower, beyond, keyed_costs, running_peak
+from zbkit.schedules.core.costs import Costs, one_f_one_b_peak
+from zbkit.schedules.core.costs import per_stage as costs_per_stage
+from zbkit.schedules.core.schedule import Schedule, ScheduleError
+from zbkit.schedules.sim.validate import check_actions
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,8 @@ def _search(problem: Problem, name: str) -> AutoSearch:
             rows[i] = Tried(candidate, None, peak, "over the limit")
             continue
         try:
-            times = _engine.run(schedule, durations, comm)
-        except _engine.Stuck as err:  # a pattern that deadlocks at these sizes
+            times = engine.run(schedule, durations, comm)
+        except engine.Stuck as err:  # a pattern that deadlocks at these sizes
             rows[i] = Tried(candidate, None, peak, f"cannot run: {type(err).__name__}")
             continue
         span = max(t[-1][1] - t[0][0] for t in times.values() if t)

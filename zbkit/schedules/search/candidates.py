@@ -1,7 +1,7 @@
 """zb-auto's candidates: what each is built for (`Problem`), and the named list per placement.
 
 Each `Candidate` has a name, a one-line reason it is in the list (where it won, or what it
-guarantees) and a builder; `_auto.search` times them and keeps the fastest that fits.
+guarantees) and a builder; `auto.search` times them and keeps the fastest that fits.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from zbkit.schedules import _build_fixed as fixed
-from zbkit.schedules._build_greedy import Moves, greedy
-from zbkit.schedules._build_heuristic import best_heuristic
-from zbkit.schedules._build_v_heuristic import best_v_heuristic
-from zbkit.schedules._refine import best_sweep, defer_late_ws, plain_program
-from zbkit.schedules._timeline import Slower
-from zbkit.schedules.action import Action
-from zbkit.schedules.costs import Costs
-from zbkit.schedules.placement import stage_to_rank
-from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.named import fixed as fixed
+from zbkit.schedules.search.greedy import Moves, greedy
+from zbkit.schedules.search.heuristic import best_heuristic
+from zbkit.schedules.search.v_heuristic import best_v_heuristic
+from zbkit.schedules.search.refine import best_sweep, defer_late_ws, plain_program
+from zbkit.schedules.search.timeline import Slower
+from zbkit.schedules.core.action import Action
+from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.core.schedule import Schedule
 
 PLACEMENTS = ("linear", "v")
 
@@ -114,7 +114,7 @@ def _exact(problem: Problem) -> Program:
             f"not run: {actions} actions > {most} (too slow to prove on every build; "
             "zbkit.schedules.solve proves larger settings)"
         )
-    from zbkit.schedules.exact import _cp_sat, prove
+    from zbkit.schedules.optimum.exact import _cp_sat, prove
 
     try:
         _cp_sat()

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from zbkit.schedules.action import KINDS, Action, Overlap, Product
-from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.core.action import KINDS, Action, Overlap, Product
+from zbkit.schedules.core.schedule import Schedule
 
 _WHAT = {p: i for i, p in enumerate(Product)}
 

@@ -21,7 +21,7 @@ relaxation hardly moves on the V: at p=3, m=8 six of nine settings stayed unprov
 60 s, with zb-auto's 38.45 against a bound of 27.1 where the optimum is 30.6. CP-SAT reasons
 on the intervals themselves (no-overlap and reservoir propagation, clause learning) and
 proves each of them in seconds. Times are whole numbers of the smallest unit that makes
-every cost exact (`_cpsat.scale`; rounded down where none does, a relaxation: the bound
+every cost exact (`cpsat.scale`; rounded down where none does, a relaxation: the bound
 stays certified, and the schedule is simulated with the real costs). The search starts from
 a given schedule (zb-auto's), whose value also caps the goal, and the instant
 `lower_bound` is a cut.
@@ -34,13 +34,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbkit.schedules import _cpsat
-from zbkit.schedules._bounds import gap_line
-from zbkit.schedules._recent import Recent
-from zbkit.schedules.costs import Costs, least_peak, one_f_one_b_peak, per_stage
-from zbkit.schedules.placement import stage_to_rank
-from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import Simulation, simulate
+from zbkit.schedules.optimum import cpsat
+from zbkit.schedules.optimum.bounds import gap_line
+from zbkit.schedules.core.recent import Recent
+from zbkit.schedules.core.costs import Costs, least_peak, one_f_one_b_peak, per_stage
+from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.sim.simulate import Simulation, simulate
 
 __all__ = ["Solution", "bound_for", "gap_line", "lower_bound", "solve"]
 
@@ -82,12 +82,12 @@ def lower_bound(
     work, the round trips a stage's microbatches make one after another when only k
     activations fit, for equal stages the idle time a rank cannot avoid at the start and
     end under the limit, and up to 768 actions a walk of every action's earliest start with
-    the waits memory forces (`_bounds.py`, `_walk.py`; up to 192 actions it also walks both
+    the waits memory forces (`bounds.py`, `walk.py`; up to 192 actions it also walks both
     orders of each pair of a rank's forwards on different stages: under half a second)."""
-    from zbkit.schedules import _bounds
+    from zbkit.schedules.optimum import bounds
 
     where, per, limit = _setting(pp, microbatches, costs, memory_limit, placement, "lower_bound")
-    return _bounds.lower_bound(where, microbatches, per, limit, placement)
+    return bounds.lower_bound(where, microbatches, per, limit, placement)
 
 
 def _setting(
@@ -131,7 +131,7 @@ def bound_for(
     placement and sizes that holds no more memory than it does; None where zbkit has none
     (overlapped pairs save time, which the bounds do not count). `simulated`: the schedule's
     simulation with these costs, if the caller has it (else it is simulated here)."""
-    from zbkit.schedules import _bounds
+    from zbkit.schedules.optimum import bounds
 
     sim = simulated if simulated is not None else simulate(schedule, costs, check=False)
     per, where, m = sim.per_stage, schedule.stage_to_rank, schedule.microbatches
@@ -139,10 +139,10 @@ def bound_for(
     if paired and any(c.overlap for c in per):
         return None
     placement = next((p for p in ("linear", "v") if where == stage_to_rank(p, schedule.pp)), None)
-    # the walk (`_bounds.chains`) counts on each stage's microbatches in order (GPipe's and
+    # the walk (`bounds.chains`) counts on each stage's microbatches in order (GPipe's and
     # looped BFS's backwards run last-first)
-    walk = _cpsat.in_order(schedule)
-    bound = _bounds.lower_bound(where, m, per, max(sim.peak_memory), placement, walk=walk)
+    walk = cpsat.in_order(schedule)
+    bound = bounds.lower_bound(where, m, per, max(sim.peak_memory), placement, walk=walk)
     return max(bound, _proven(schedule, per, max(sim.peak_memory)))
 
 
@@ -150,7 +150,7 @@ def _proven(schedule: Schedule, per: list[Costs], peak: float) -> float:
     """A proven bound kept for this very schedule, where it is one zbkit solved or searched
     for these costs under a limit it stays under (zb-opt's: the solver's bound; zb-auto's:
     its search's, which its exact candidate may have raised); else 0."""
-    from zbkit.schedules import _auto
+    from zbkit.schedules.search import auto
 
     def same(found: Schedule, costs: tuple, limit: float) -> bool:
         return (
@@ -164,7 +164,7 @@ def _proven(schedule: Schedule, per: list[Costs], peak: float) -> float:
     for (_, _, costs, limit, _, _), solved in _RECENT.items():
         if solved.objective == "span" and same(solved.schedule, costs, limit):
             return solved.lower_bound
-    for (_, _, _, costs, limit, _), searched in _auto._RECENT.items():
+    for (_, _, _, costs, limit, _), searched in auto._RECENT.items():
         if same(searched.schedule, costs, limit):
             return searched.lower_bound
     return 0.0
@@ -233,7 +233,7 @@ def optimum(
 
 
 def _zb_auto(pp: int, m: int, per: list[Costs], limit: float, placement: str) -> Schedule | None:
-    from zbkit.schedules._auto import search
+    from zbkit.schedules.search.auto import search
 
     try:
         return search(pp, m, "zb-auto", per, limit, placement).schedule
@@ -257,20 +257,20 @@ def prove(
     time limit, gives the same answer on a busy machine)."""
     _cp_sat()
     pp = max(where) + 1
-    model = _cpsat.Model(where, m, per)
+    model = cpsat.Model(where, m, per)
     if max(model.delta) > limit + 1e-9:  # one forward alone is over the limit
         raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
-    from zbkit.schedules import _bounds
+    from zbkit.schedules.optimum import bounds
 
-    floor = _bounds.lower_bound(where, m, per, limit, placement)
+    floor = bounds.lower_bound(where, m, per, limit, placement)
     # the warm start, where it is one of the orders solved over: its value caps the goal,
     # its times start the search, and it stays if the search comes back with nothing better
     kept, cap = None, None
     if warm is not None:
         sim = simulate(warm, per, check=False)
-        cap = _cpsat.warm_value(warm, sim, objective, model, limit)
+        cap = cpsat.warm_value(warm, sim, objective, model, limit)
         kept = (warm, sim) if cap is not None else None
-    built = _cpsat.Built(model, limit, objective, floor, cap)
+    built = cpsat.Built(model, limit, objective, floor, cap)
     if kept is not None:
         built.hint(model, kept[1])
     started = time.perf_counter()
@@ -292,12 +292,12 @@ def prove(
     bound = solver.best_objective_bound / unit if name != "UNKNOWN" else floor
     best, value = None, float("inf")
     if name in ("OPTIMAL", "FEASIBLE"):
-        best = _cpsat.schedule_of(model, [solver.value(x) for x in built.start], m)
-        value = _cpsat.value_of(simulate(best, per), objective)
-    if kept is not None and _cpsat.value_of(kept[1], objective) < value - 1e-12:
+        best = cpsat.schedule_of(model, [solver.value(x) for x in built.start], m)
+        value = cpsat.value_of(simulate(best, per), objective)
+    if kept is not None and cpsat.value_of(kept[1], objective) < value - 1e-12:
         program = {r: list(kept[0].actions(r)) for r in kept[0].program}
         best = Schedule(program, list(where), m, "zb-opt")
-        value = _cpsat.value_of(kept[1], objective)
+        value = cpsat.value_of(kept[1], objective)
     assert best is not None
     bound = min(value, max(bound, floor))
     tol = 1e-6 * max(1.0, value)

@@ -13,19 +13,19 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from zbkit._display import show
-from zbkit.schedules import _engine
-from zbkit.schedules._timeline import keyed_costs, running_peak
-from zbkit.schedules.action import PARTS, Action, Overlap
-from zbkit.schedules.costs import Costs, per_stage
-from zbkit.schedules.events import (
+from zbkit.schedules.sim import engine
+from zbkit.schedules.search.timeline import keyed_costs, running_peak
+from zbkit.schedules.core.action import PARTS, Action, Overlap
+from zbkit.schedules.core.costs import Costs, per_stage
+from zbkit.schedules.core.events import (
     CommEvent,
     Event,
     bubble_of,
     memory_steps,
 )
-from zbkit.schedules.plan import Comm, CommOp, derive_plan
-from zbkit.schedules.schedule import Schedule, ScheduleError, expect_schedule
-from zbkit.schedules.validate import check_actions, deadlock_error, validate
+from zbkit.schedules.core.plan import Comm, CommOp, derive_plan
+from zbkit.schedules.core.schedule import Schedule, ScheduleError, expect_schedule
+from zbkit.schedules.sim.validate import check_actions, deadlock_error, validate
 
 __all__ = ["Simulation", "simulate"]
 
@@ -154,8 +154,8 @@ def simulate(
     ran = repeated(schedule, iterations) if iterations > 1 and not optimizer_sync else schedule
     try:
         comm = [c.comm for c in per_stage_costs]
-        times = _engine.run(ran, durations, comm, [c.overlap for c in per_stage_costs])
-    except _engine.Stuck as stuck:
+        times = engine.run(ran, durations, comm, [c.overlap for c in per_stage_costs])
+    except engine.Stuck as stuck:
         if check:  # the validator's message: who waits on whom, with the grid
             raise deadlock_error(schedule, stuck) from None
         validate(schedule)  # explains the deadlock (or another fault) with the grid

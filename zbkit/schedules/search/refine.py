@@ -30,12 +30,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from zbkit.schedules import _engine
-from zbkit.schedules._build_heuristic import sweep
-from zbkit.schedules._timeline import TOL, Timeline, keyed_costs, running_peak
-from zbkit.schedules.action import Action
-from zbkit.schedules.costs import Costs
-from zbkit.schedules.schedule import Schedule
+from zbkit.schedules.sim import engine
+from zbkit.schedules.search.heuristic import sweep
+from zbkit.schedules.search.timeline import TOL, Timeline, keyed_costs, running_peak
+from zbkit.schedules.core.action import Action
+from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.schedule import Schedule
 
 # (fill, tail_fill) for `sweep`: a W goes into any gap / a gap half its size / only where it fits
 _FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]
@@ -111,8 +111,8 @@ def defer_late_ws(
     comm = [c.comm for c in costs]
     best = schedule
     try:
-        times = _engine.run(best, durations, comm)
-    except _engine.Stuck:
+        times = engine.run(best, durations, comm)
+    except engine.Stuck:
         return schedule
     score = _score(times)
     current = best
@@ -131,8 +131,8 @@ def defer_late_ws(
             break  # every move would go over the memory limit
         trial = Schedule(program, current.stage_to_rank, current.microbatches, current.name)
         try:
-            times = _engine.run(trial, durations, comm)
-        except _engine.Stuck:
+            times = engine.run(trial, durations, comm)
+        except engine.Stuck:
             break
         trial_score = _score(times)
         if trial_score[0] > score[0] + TOL:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
-from zbkit.schedules.costs import Costs, stage_costs
+from zbkit.schedules.core.costs import Costs, stage_costs
 
 __all__ = [
     "CommEvent",

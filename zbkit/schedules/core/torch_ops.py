@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from zbkit.schedules.action import Product, kinds_making
+from zbkit.schedules.core.action import Product, kinds_making
 
 __all__ = ["TorchOp", "TorchOpKind", "check_torch_ops", "derive_torch_ops", "parse_torch_op"]
 
@@ -87,7 +87,7 @@ _SEND_RECV = {
 def derive_torch_ops(schedule) -> dict[int, list[tuple[int, TorchOp]]]:
     """The transfers of `derive_plan`, in torch's words and places: what torch's runtime
     needs to run this schedule in its compute_comms form (no FSDP actions)."""
-    from zbkit.schedules.plan import Comm, CommOp, derive_plan
+    from zbkit.schedules.core.plan import Comm, CommOp, derive_plan
 
     out: dict[int, list[tuple[int, TorchOp]]] = {}
     for rank in range(schedule.pp):
@@ -109,7 +109,7 @@ def derive_torch_ops(schedule) -> dict[int, list[tuple[int, TorchOp]]]:
 
 def check_torch_ops(schedule) -> None:
     """Raise ScheduleError naming the first torch action that cannot be right (module doc)."""
-    from zbkit.schedules.schedule import ScheduleError
+    from zbkit.schedules.core.schedule import ScheduleError
 
     ops = schedule.torch_ops
     if not any(ops.values()):

@@ -2,7 +2,7 @@
 back; `exact`'s docstring gives the formulation.
 
 `Model` holds the actions, their durations, memory deltas, ranks, dependencies (`graph`) and
-where each rank's first forward starts (engine-free; `_bounds.chains` walks it too);
+where each rank's first forward starts (engine-free; `bounds.chains` walks it too);
 `Built` is the CP-SAT model of it (intervals, one rank's never overlapping, a memory reservoir
 per rank, the objective), with the warm start (`hint`) and the search (`solve`); `schedule_of`
 reads a schedule back from the solver's times, `warm_value` caps the goal with a given
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from zbkit.schedules.action import PARTS, Action
-from zbkit.schedules.costs import Costs
-from zbkit.schedules.schedule import Schedule
-from zbkit.schedules.simulate import Simulation
+from zbkit.schedules.core.action import PARTS, Action
+from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.sim.simulate import Simulation
 
 
 class Model:

@@ -27,10 +27,10 @@ from __future__ import annotations
 from bisect import bisect
 from itertools import accumulate
 
-from zbkit.schedules._timeline import inputs
-from zbkit.schedules.action import PARTS, Action
-from zbkit.schedules.costs import Costs
-from zbkit.schedules.placement import stage_to_rank
+from zbkit.schedules.search.timeline import inputs
+from zbkit.schedules.core.action import PARTS, Action
+from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.placement import stage_to_rank
 
 Key = tuple[int, str, int]  # (stage, kind, microbatch)
 Line = list[Key | None]  # one rank's passes by slot (None: a free slot)

@@ -5,7 +5,7 @@ Rank r (0-based) of p ranks, m microbatches. Every function returns program[rank
 
 from __future__ import annotations
 
-from zbkit.schedules.action import Action
+from zbkit.schedules.core.action import Action
 
 
 def gpipe(p: int, m: int) -> dict[int, list[Action]]:

@@ -4,7 +4,7 @@ The text form is torch.distributed.pipelining's CSV (`_dump_csv` / `_load_csv`):
 per row, comma-separated action strings (`0F0,0F1,0I0,0W0,...`; `B` is a full backward;
 `(0F1;1B0)OVERLAP_F_B` an overlapped pair). torch's compute-only form writes empty cells
 for idle steps (skipped); its compute_comms form also lists transfers and FSDP actions
-(`1SEND_F3`, `0UNSHARD`, ...), kept as `torch_ops` (see `zbkit.schedules.torch_ops`) so
+(`1SEND_F3`, `0UNSHARD`, ...), kept as `torch_ops` (see `zbkit.schedules.core.torch_ops`) so
 the file writes back unchanged.
 """
 
@@ -18,9 +18,9 @@ from os import PathLike
 from typing import cast
 
 from zbkit._display import show
-from zbkit.schedules._grid import render_grid
-from zbkit.schedules.action import Action, Overlap, parse_item
-from zbkit.schedules.torch_ops import TorchOp, derive_torch_ops, parse_torch_op
+from zbkit.schedules.core.grid import render_grid
+from zbkit.schedules.core.action import Action, Overlap, parse_item
+from zbkit.schedules.core.torch_ops import TorchOp, derive_torch_ops, parse_torch_op
 
 __all__ = ["Schedule", "ScheduleError"]
 

@@ -1,5 +1,5 @@
 """The Zero Bubble paper's construction (`sweep`) and its repo's heuristic (`heuristic`), for
-one stage per rank: two policies over one timeline (`_timeline.Timeline`), which places each
+one stage per rank: two policies over one timeline (`timeline.Timeline`), which places each
 action they pick, holds its memory, keeps the Ws owed and runs them to make room.
 
 `sweep` is the paper's construction at a warm-up chosen from a list (see its docstring).
@@ -30,9 +30,9 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules._timeline import TOL, Timeline, fastest_variant
-from zbkit.schedules.action import Action
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.search.timeline import TOL, Timeline, fastest_variant
+from zbkit.schedules.core.action import Action
+from zbkit.schedules.core.costs import Costs
 
 __all__ = ["best_heuristic", "heuristic", "sweep"]
 

@@ -18,7 +18,7 @@ all of them and lives here, in `Timeline`, read from the `KINDS` table and one c
   giving up   a rank's span is its work plus its idle time, and idle time only grows: once
               that sum passes the bound, the build cannot win (`Slower`).
 
-The simulator's engine (`_engine.run`) walks a finished program by the same rules;
+The simulator's engine (`engine.run`) walks a finished program by the same rules;
 tests/schedules/test_schedules_timeline.py places random programs with both and compares.
 `TOL` is the one tolerance the searches compare times and memory with.
 """
@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from itertools import accumulate
 
-from zbkit.schedules.action import KINDS, PARTS, Action, Product, kinds_making
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.core.action import KINDS, PARTS, Action, Product, kinds_making
+from zbkit.schedules.core.costs import Costs
 
 TOL = 1e-9  # times and memory closer than this are equal (float sums of the same costs)
 
@@ -64,7 +64,7 @@ def keyed_costs(
     costs: Sequence[Costs],
 ) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
     """(durations, memory changes) keyed by (stage, kind) for every kind of `KINDS`: what the
-    engine (`_engine.run`) and the memory checks of a finished program read."""
+    engine (`engine.run`) and the memory checks of a finished program read."""
     dur, mem = cost_table(costs)
     return (
         {(s, k): d for s, row in enumerate(dur) for k, d in row.items()},

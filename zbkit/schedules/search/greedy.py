@@ -18,10 +18,10 @@ input gradients back, sooner), and `lead` caps how many first-chunk forwards a r
 ahead of its second chunk (`lead` times half the stages between them: p - r on rank r of
 the V for 1), where first-chunk activations would fill the memory the second chunk needs.
 Both are what the proven optima do under tight limits. zb-auto tries a few such policies
-(named in `_candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
+(named in `candidates.CANDIDATES`) and keeps the fastest, timed by the simulator's engine.
 
 What the picked action then does (when it starts and ends, the memory it holds, the W it
-leaves owed) is the timeline's (`_timeline.Timeline`), as for every searched builder;
+leaves owed) is the timeline's (`timeline.Timeline`), as for every searched builder;
 `sweep` (`_build_heuristic`) is the paper's own construction for one stage per rank.
 """
 
@@ -31,9 +31,9 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from zbkit.schedules._timeline import TOL, Timeline
-from zbkit.schedules.action import PARTS, Action
-from zbkit.schedules.costs import Costs, least_peak
+from zbkit.schedules.search.timeline import TOL, Timeline
+from zbkit.schedules.core.action import PARTS, Action
+from zbkit.schedules.core.costs import Costs, least_peak
 
 __all__ = ["Moves", "greedy"]
 

@@ -7,7 +7,7 @@ either pass flows from rank r-1 to rank r, leg 1 from rank r+1 to rank r, so one
 serves both passes.
 
 Time is counted as it is built, by the timeline every searched builder shares
-(`_timeline.Timeline`: an action starts when its rank is free and its inputs have arrived,
+(`timeline.Timeline`: an action starts when its rank is free and its inputs have arrived,
 plus `comm` from another rank); a rank's bubble is the timeline's idle time, counted after
 its first forward. This builder is the policy: which (rank, kind, leg) runs next. The
 build has four phases:
@@ -35,10 +35,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules._timeline import TOL, Slower, Timeline, fastest_variant
-from zbkit.schedules.action import Action
-from zbkit.schedules.costs import Costs
-from zbkit.schedules.placement import stage_to_rank
+from zbkit.schedules.search.timeline import TOL, Slower, Timeline, fastest_variant
+from zbkit.schedules.core.action import Action
+from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.placement import stage_to_rank
 
 
 class _Build:

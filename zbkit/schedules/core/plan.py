@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Union
 
-from zbkit.schedules.action import Action, Overlap, Product
-from zbkit.schedules.schedule import Schedule, expect_schedule
+from zbkit.schedules.core.action import Action, Overlap, Product
+from zbkit.schedules.core.schedule import Schedule, expect_schedule
 
 __all__ = ["Comm", "CommOp", "Plan", "PlanStep", "derive_plan"]
 

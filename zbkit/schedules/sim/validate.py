@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zbkit.schedules import _engine
-from zbkit.schedules.action import KINDS, PARTS, Action, Overlap, Product, kinds_making
-from zbkit.schedules.schedule import Schedule, ScheduleError, expect_schedule
-from zbkit.schedules.torch_ops import check_torch_ops
+from zbkit.schedules.sim import engine
+from zbkit.schedules.core.action import KINDS, PARTS, Action, Overlap, Product, kinds_making
+from zbkit.schedules.core.schedule import Schedule, ScheduleError, expect_schedule
+from zbkit.schedules.core.torch_ops import check_torch_ops
 
 __all__ = ["validate"]
 
@@ -56,8 +56,8 @@ def validate(schedule: Schedule) -> None:
     check_actions(schedule)
     check_torch_ops(schedule)
     try:
-        _engine.run(schedule, _UNIT, [0.0] * schedule.num_stages)
-    except _engine.Stuck as stuck:
+        engine.run(schedule, _UNIT, [0.0] * schedule.num_stages)
+    except engine.Stuck as stuck:
         raise deadlock_error(schedule, stuck) from None
 
 
@@ -251,7 +251,7 @@ def _check_complete(schedule: Schedule, done: list[int]) -> None:
             )
 
 
-def deadlock_error(schedule: Schedule, stuck: _engine.Stuck) -> ScheduleError:
+def deadlock_error(schedule: Schedule, stuck: engine.Stuck) -> ScheduleError:
     seen = {
         a: (r, p)
         for r, prog in schedule.program.items()

@@ -7,7 +7,7 @@ program[rank], action for action torch's `pipeline_order` with its idle (None) c
 
 from __future__ import annotations
 
-from zbkit.schedules.action import Action
+from zbkit.schedules.core.action import Action
 
 
 def looped_bfs(p: int, m: int, v: int) -> dict[int, list[Action]]:

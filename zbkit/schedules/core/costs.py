@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from zbkit.schedules.action import KINDS
+from zbkit.schedules.core.action import KINDS
 
 __all__ = ["MEMORY_UNIT", "Costs", "one_f_one_b_peak", "per_stage", "stage_costs"]
 

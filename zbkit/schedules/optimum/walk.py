@@ -1,6 +1,6 @@
 """The walk over every action (`chains`): a lower bound on the longest rank span of any
 schedule that runs each stage's microbatches in order (every builder's and torch's do), for
-any costs and placement; `_bounds.lower_bound` takes it up to `CHAINS_MAX_ACTIONS` actions.
+any costs and placement; `bounds.lower_bound` takes it up to `CHAINS_MAX_ACTIONS` actions.
 
   1. orders memory forces between two forwards of a rank (`_forced`: were b first, a could
      never fit), added to the dependencies;
@@ -24,8 +24,8 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from zbkit.schedules._timeline import TOL
-from zbkit.schedules.costs import Costs
+from zbkit.schedules.search.timeline import TOL
+from zbkit.schedules.core.costs import Costs
 
 # the walk, steps 1, 2 and 4: beyond this many actions (F, I and W per stage and
 # microbatch) the closed forms are the bound (p=4, m=8 takes a few ms, 768 actions 0.1 s)
@@ -57,7 +57,7 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
 
 @lru_cache(maxsize=64)
 def _chains(where: tuple[int, ...], m: int, costs: tuple[Costs, ...], limit: float) -> float:
-    from zbkit.schedules._cpsat import Model, by_rank
+    from zbkit.schedules.optimum.cpsat import Model, by_rank
 
     model = Model(list(where), m, list(costs))
     ranks = by_rank(model)
@@ -81,7 +81,7 @@ def _walk(model, ranks, memory, edges, limit, base: _Walked | None) -> _Walked |
     """Steps 1 and 2 from `base`'s earliest starts (each a bound already; zeros where None),
     `edges` its dependencies and more: the orders memory forces, then each action's earliest
     start, until nothing moves. None where no order fits."""
-    from zbkit.schedules._cpsat import graph
+    from zbkit.schedules.optimum.cpsat import graph
 
     n, dur, rank, acts, pins = len(model.actions), model.dur, model.rank, model.actions, model.pins
     while True:  # orders memory forces between forwards may force more
