@@ -1,8 +1,9 @@
 """The package's layout rules, read from the code's own imports (ast, nothing run).
 
 - no folder of `zbkit/` holds more than 15 modules;
-- imports run one way: no circle among zbkit's modules, counting imports inside functions,
-  and no import inside a function except the few listed in `LAZY` with their reasons;
+- imports run one way: no circle among zbkit's modules, counting imports inside functions;
+  an import inside a function says why on its line or the line above (it keeps `import
+  zbkit` fast, torch out of a pure-Python package, or an optional extra optional);
 - no module takes another folder's private names (`_name`, or a module `_name`); the
   folders that hold it (its own, zbkit's root) share theirs with it.
 """
@@ -13,14 +14,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1] / "zbkit"
-
-# zbkit imports made inside a function, each kept for a reason that is not an import circle
-LAZY = {
-    # `import zbkit` stays fast: the torch-heavy packages load on first use
-    ("zbkit/__init__.py", "zbkit"): "zbkit's lazy top-level names",
-    # drawing is an optional extra (matplotlib, graphviz): data never imports viz at load
-    ("zbkit/_display.py", "zbkit.viz"): "the notebook extra stays optional",
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -106,15 +99,23 @@ def test_imports_run_one_way():
     assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_no_import_hides_in_a_function_but_the_listed_ones():
-    hidden = []
-    for name, path in MODULES.items():
-        where = str(path.relative_to(ROOT.parent))
+def _says_why(lines: list[str], line: int) -> bool:
+    """Whether the import at `line` (1-based) has a comment on its line or the one above."""
+    here, above = lines[line - 1], lines[line - 2] if line > 1 else ""
+    return "#" in here or above.strip().startswith("#")
+
+
+def test_an_import_inside_a_function_says_why():
+    silent = []
+    for path in MODULES.values():
+        lines = path.read_text().splitlines()
         for module, _, inside, line in _imports(path):
-            kept = any(where == f and (module + ".").startswith(m + ".") for f, m in LAZY)
-            if inside and not kept:
-                hidden.append(f"{where}:{line}: {module}")
-    assert not hidden, "zbkit imports inside functions:\n" + "\n".join(hidden)
+            if inside and not _says_why(lines, line):
+                silent.append(f"{path.relative_to(ROOT.parent)}:{line}: {module}")
+    assert not silent, (
+        "zbkit imports inside functions without a reason (a comment on the line or above: "
+        "what it keeps fast or optional):\n" + "\n".join(sorted(set(silent)))
+    )
 
 
 def test_no_module_takes_another_folders_private_names():
