@@ -38,6 +38,9 @@ Communication: torch's transfer actions (``PP:0SEND_F0``, ``PP:1RECV_B2``) go in
 `Trace.comm` as their ranges (posting a send or a receive; the wait is in the compute
 action, above). The single-stage schedules' and zbkit's transfers are not read.
 Memory is not in a profile: `Trace.memory_for(costs)` weighs the actions by the costs' rule.
+
+This module reads and `Trace.from_profiler` builds: it hands back each rank's events and
+transfers (`RankProfile`), so imports run one way, trace -> _profiler.
 """
 
 from __future__ import annotations
@@ -51,8 +54,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from zbkit.pipeline.trace import CommEvent, Trace
-from zbkit.schedules import Event, Schedule
+from zbkit.schedules import CommEvent, Event, Schedule
 
 US = 1e-6  # Chrome traces count microseconds; a Trace counts seconds
 Paths = str | PathLike | Iterable[str | PathLike]
@@ -88,15 +90,22 @@ class Span(NamedTuple):
     paired: bool = False  # a half of torch's OVERLAP_F_B
 
 
+class RankProfile(NamedTuple):
+    """What one rank's trace file holds, in seconds of the trace's clock (not yet from 0)."""
+
+    events: list[Event]  # compute actions, in the order they ran
+    comm: list[CommEvent]  # torch's transfer actions
+
+
 def read_profiles(
     paths: Paths,
     schedule: Any = None,
     *,
     ranks: list[int] | None = None,
     step: int = -1,
-) -> Trace:
-    """`Trace.from_profiler`: every rank's compute actions (and torch's transfers) from its
-    Chrome trace, merged onto one clock from 0 (see the module doc)."""
+) -> list[RankProfile]:
+    """For `Trace.from_profiler`: every rank's compute actions (and torch's transfers) from
+    its Chrome trace, one `RankProfile` a file (see the module doc)."""
     files = _files(paths)
     if schedule is not None and not isinstance(schedule, Schedule):
         schedule = Schedule.from_torch(schedule)  # a torch schedule object
@@ -113,8 +122,8 @@ def read_profiles(
                 "file, in order) to say which pipeline rank each file is"
             )
         seen[rank] = path
-        per_rank.append(_rank_trace(doc["traceEvents"], rank, schedule, step, path))
-    return Trace.merge(per_rank)
+        per_rank.append(_rank_profile(doc["traceEvents"], rank, schedule, step, path))
+    return per_rank
 
 
 # ---------------------------------------------------------------------------- files
@@ -171,9 +180,9 @@ def _rank_of(doc: dict[str, Any], index: int, ranks: list[int] | None) -> int:
 
 
 # ---------------------------------------------------------------------------- one rank
-def _rank_trace(
+def _rank_profile(
     events: list[dict], rank: int, schedule: Schedule | None, step: int, path: Path
-) -> Trace:
+) -> RankProfile:
     host = [
         e for e in events if e.get("ph") == "X" and "dur" in e and e.get("cat") not in _DEVICE_SIDE
     ]
@@ -184,17 +193,16 @@ def _rank_trace(
     _check_once(spans, rank, path)
     spans = _device_times(spans, events, _pid(ranges, spans))
     place = _placement(schedule, spans, rank, path)
-    out = Trace()
-    out.events = [
+    actions = [
         Event(place[s.stage], s.stage, s.kind, s.microbatch, s.start * US, s.end * US, s.paired)
         for s in sorted(spans, key=lambda s: s.start)
     ]
-    out.comm = [
+    transfers = [
         CommEvent(rank, m.group(1), e["ts"] * US, (e["ts"] + e["dur"]) * US)
         for e in sorted(ranges, key=lambda e: e["ts"])
         if (m := _TRANSFER.match(str(e.get("name", ""))))
     ]
-    return out
+    return RankProfile(actions, transfers)
 
 
 def _in_step(ranges: list[dict], step: int, path: Path) -> list[dict]:

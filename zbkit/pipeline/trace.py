@@ -25,6 +25,7 @@ from os import PathLike
 from typing import Any, NamedTuple
 
 from zbkit._display import show
+from zbkit.pipeline._profiler import read_profiles
 from zbkit.schedules import Costs, Event, bubble_rate, memory_deltas, memory_steps
 from zbkit.schedules.core.costs import stage_costs
 from zbkit.schedules.core.events import CommEvent
@@ -121,9 +122,8 @@ class Trace:
             trace = Trace.from_profiler("traces")        # anywhere, later
             viz.plot_schedule(trace)
         """
-        from zbkit.pipeline._profiler import read_profiles  # it imports this module
-
-        return read_profiles(paths, schedule, ranks=ranks, step=step)
+        per_rank = read_profiles(paths, schedule, ranks=ranks, step=step)
+        return cls.merge(cls(events=p.events, comm=p.comm) for p in per_rank)
 
     @property
     def num_ranks(self) -> int:
