@@ -1,24 +1,27 @@
 """A new action kind is one entry in `KINDS`: every walker asks the table.
 
 The kind added here, "X" (a fused full backward), reuses an existing executor method, so
-no file changes at all: the engine, validator, plan, simulator, measurement, executors and
-drawings take it from the table. The oracle is the same schedule written with "B".
+the only other change is its line in the executors' `RUNS` table: the engine, validator,
+plan, simulator, measurement, executors and drawings take it from the tables. The oracle
+is the same schedule written with "B".
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from pipeline_models import assert_grads_match, batch, loss_fn, make_stages, oracle
 
 from zbkit import viz
-from zbkit.pipeline import LocalPipeline
+from zbkit.pipeline import LocalPipeline, StageError
+from zbkit.pipeline._execute import RUNS
 from zbkit.schedules import (
     KINDS,
     Action,
     Costs,
     Kind,
     Overlap,
-    Product,
     Schedule,
     ScheduleError,
     build_schedule,
@@ -28,17 +31,8 @@ from zbkit.schedules import (
 )
 from zbkit.schedules.measure import measured_costs
 
-FUSED = Kind(
-    letter="X",
-    name="fused backward",
-    parts=("I", "W"),
-    act=-1,
-    weight=0,
-    needs=((Product.ACT, 0), (Product.GRAD, +1)),
-    makes=Product.GRAD,
-    to=-1,
-    run="backward_full",  # an executor method that exists: no other file changes
-)
+# B's row under another letter and name: what it needs, makes and holds are B's
+FUSED = dataclasses.replace(KINDS["B"], letter="X", name="fused backward")
 
 
 def _renamed(schedule: Schedule, old: str, new: str) -> Schedule:
@@ -52,7 +46,17 @@ def _renamed(schedule: Schedule, old: str, new: str) -> Schedule:
 @pytest.fixture
 def fused_kind(monkeypatch: pytest.MonkeyPatch) -> Kind:
     monkeypatch.setitem(KINDS, "X", FUSED)
+    monkeypatch.setitem(RUNS, "X", RUNS["B"])  # an executor method that exists
     return FUSED
+
+
+def test_a_kind_the_executors_cannot_run_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(KINDS, "X", FUSED)  # in KINDS, but no line in RUNS
+    fused = _renamed(build_schedule("1f1b", pp=2, microbatches=2), "B", "X")
+    pipe = LocalPipeline(make_stages(2), fused, loss_fn)
+    with pytest.raises(StageError, match=r"1X0: kind 'X' \(fused backward\) is in KINDS but "
+                       r"has no entry in RUNS .* runs only F, I, W, B"):  # fmt: skip
+        pipe.step(*batch(4))
 
 
 @pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b"])

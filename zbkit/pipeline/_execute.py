@@ -9,9 +9,10 @@ and two mailboxes keyed by (what, stage, microbatch):
   that follows it in the plan sends them.
 
 ``StepState.run`` asks the ``KINDS`` table what an action takes from the inbox (its needs
-from other stages), calls the kind's method ``run_<Kind.run>`` (the only per-kind code:
-what the stage computes), and hands what it makes to the consuming stage. A new kind is a
-table entry plus one ``run_*`` method here.
+from other stages), calls the method that ``RUNS`` (below, keyed by the same letters) names
+for its kind (the only per-kind code: what the stage computes), and hands what it makes to
+the consuming stage. A new kind is a ``KINDS`` entry plus a ``RUNS`` entry here (a new
+``run_*`` method only if no existing one computes it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch.profiler import record_function
 
 from zbkit.pipeline.stage import Message, PipelineStage, StageError
 from zbkit.pipeline.trace import Event, MemorySample, Trace
-from zbkit.schedules import Action, Overlap, Product
+from zbkit.schedules import KINDS, Action, Overlap, Product
 
 # whether a torch profiler is recording (a cheap C call; without it, assume one is)
 _profiling = getattr(torch.autograd, "_profiler_enabled", lambda: True)
@@ -153,7 +154,7 @@ class StepState:
             received = {
                 p: self._take((p, s, j), action) for p, src in kind.needs_of(s, n) if src != s
             }
-            made = getattr(self, f"run_{kind.run}")(stage, action, received)
+            made = _compute(action)(self, stage, action, received)
             consumer = kind.consumer(s, n)
             if consumer is not None:
                 assert kind.makes is not None, f"{action}: a kind with a consumer makes something"
@@ -185,7 +186,7 @@ class StepState:
             if src != a.stage
         )
 
-    # ------------------------------------------------------------------ per kind: the compute
+    # ---------------------------------------------- per kind: the compute (RUNS, below, names them)
     def run_forward(self, stage: PipelineStage, a: Action, received: dict) -> Any:
         j = a.microbatch
         if stage.is_first:
@@ -258,6 +259,29 @@ class StepState:
         if self.last not in self.stages:
             return None
         return [self.losses[j] for j in range(self.microbatches)]
+
+
+# what one kind computes: StepState's method, given the stage, the action and what it received
+Compute = Callable[[StepState, PipelineStage, Action, dict], Any]
+
+RUNS: dict[str, Compute] = {  # keyed by the letters of KINDS
+    "F": StepState.run_forward,
+    "I": StepState.run_backward_input,
+    "W": StepState.run_backward_weight,
+    "B": StepState.run_backward_full,
+}
+
+
+def _compute(action: Action) -> Compute:
+    """The method that computes `action`'s kind; a kind in KINDS but not here is named."""
+    try:
+        return RUNS[action.kind]
+    except KeyError:
+        raise StageError(
+            f"{action}: kind {action.kind!r} ({KINDS[action.kind].name}) is in KINDS but has "
+            f"no entry in RUNS (zbkit/pipeline/_execute.py), which runs only "
+            f"{', '.join(RUNS)}: add the StepState method that computes it"
+        ) from None
 
 
 def _form(output: Any) -> str:
