@@ -9,14 +9,15 @@ The layers and where to add a schedule or an action kind: docs/architecture.md.
 """
 
 from zbkit._public import public_dir
-from zbkit.schedules.core.action import KINDS, Action, Kind, Overlap, Product
 from zbkit.schedules.builders import SCHEDULES, build_schedule, explain_auto
+from zbkit.schedules.core.action import KINDS, Action, Kind, Overlap, Product
 from zbkit.schedules.core.costs import Costs
 from zbkit.schedules.core.events import CommEvent, Event, bubble_rate, memory_deltas, memory_steps
-from zbkit.schedules.optimum.exact import Solution, lower_bound, solve
+from zbkit.schedules.core.plan import Comm, CommOp, Plan
+from zbkit.schedules.core.schedule import Schedule, ScheduleError, derive_plan
 from zbkit.schedules.from_torch import TorchComparison, compare_with_torch
-from zbkit.schedules.core.plan import Comm, CommOp, Plan, derive_plan
-from zbkit.schedules.core.schedule import Schedule, ScheduleError
+from zbkit.schedules.optimum.exact import Solution, lower_bound
+from zbkit.schedules.search.optimal import solve
 from zbkit.schedules.sim.simulate import Simulation, simulate
 from zbkit.schedules.sim.validate import validate
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from zbkit.schedules.search.auto import PLACEMENTS, AutoSearch, search
-from zbkit.schedules.core.action import KINDS, PARTS
 from zbkit.schedules.catalog import RECORDS, SCHEDULES, record, searchers
+from zbkit.schedules.core.action import KINDS, PARTS
 from zbkit.schedules.core.costs import Costs
 from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.search.auto import PLACEMENTS, AutoSearch, search
 
 __all__ = ["PLACEMENTS", "SCHEDULES", "AutoSearch", "build_schedule", "explain_auto"]
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zbkit.schedules.search.candidates import Candidate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.catalog import RECORDS, SCHEDULES, searchers
 from zbkit.schedules.core.costs import MEMORY_UNIT, Costs
-from zbkit.schedules.optimum.exact import bound_for, gap_line
-from zbkit.schedules.formulas import bubble, conditions
 from zbkit.schedules.core.schedule import Schedule, ScheduleError
+from zbkit.schedules.formulas import bubble, conditions
+from zbkit.schedules.optimum.exact import bound_for, gap_line
+from zbkit.schedules.search.candidates import Candidate
 from zbkit.schedules.sim.simulate import Simulation, simulate
-from zbkit.schedules.throughput import throughput
 from zbkit.schedules.sim.validate import validate
+from zbkit.schedules.throughput import throughput
 
 _DEFAULT_COSTS = "1,1,1"
 _GRID_RANKS = 64  # more ranks than this: no grid, lists shortened

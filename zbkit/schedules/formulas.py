@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from zbkit.schedules.core.registry import RECORDS
+
 # a bubble formula: (pp, m, v, costs) -> (its text, idle time), or None where it does not hold
 Bubble = tuple[str, float]
 # a peak-memory formula: (pp, m, v, costs) -> (its text, activations per rank), or None
@@ -98,8 +100,6 @@ def zb_v_peak(pp: int, m: int, v: int, c: Any) -> Peak | None:
 # ---- by name ------------------------------------------------------------------------------
 def _formulas(name: str) -> Any:
     """The record's `Formulas` (None for a search, or a loaded schedule's unknown name)."""
-    from zbkit.schedules.catalog import RECORDS  # imported here: the catalog imports us
-
     found = RECORDS.get(name)
     return found.formulas if found is not None else None
 

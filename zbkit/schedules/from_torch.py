@@ -1,11 +1,10 @@
 """torch.distributed.pipelining's schedules as zbkit `Schedule`s, and one-call comparisons.
 
-`Schedule.from_torch(obj)` reads a torch schedule object's `pipeline_order` (its compute
-program; torch's lowered `pipeline_order_with_comms` where it has one, whose transfers and
-FSDP actions zbkit keeps as `torch_ops`) and returns the zbkit schedule of the same actions,
-with torch's stage placement. `Schedule.from_torch(ScheduleZBVZeroBubble, pp=4,
-microbatches=8)` builds the torch object first, on stand-in stages (torch's constructors
-only read sizes from a stage), so no process group is needed.
+`from_torch(obj)` (also `Schedule.from_torch`) reads a torch schedule object's
+`pipeline_order` (`zbkit.schedules.core.torch_schedules`) and returns the zbkit schedule of
+the same actions, with torch's stage placement; torch's transfers and FSDP actions are kept
+as `torch_ops`. `from_torch(ScheduleZBVZeroBubble, pp=4, microbatches=8)` builds the torch
+object first, on stand-in stages, so no process group is needed.
 
 `compare_with_torch("zb-v", pp=4, microbatches=8)` puts torch's schedule next to zbkit's
 builder of the same name: whether each validates (zbkit's message and grid when not), their
@@ -17,92 +16,19 @@ torch is imported inside the functions: `zbkit.schedules` stays torch-free at im
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from zbkit.schedules.builders import build_schedule
-from zbkit.schedules.catalog import RECORDS, ScheduleRecord
 from zbkit.schedules.core.costs import MEMORY_UNIT, Costs
-from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.core.registry import torch_names
 from zbkit.schedules.core.schedule import Schedule, ScheduleError
+from zbkit.schedules.core.torch_schedules import resolve_class
 from zbkit.schedules.sim.simulate import Simulation, simulate
 from zbkit.schedules.sim.validate import validate
 
 __all__ = ["TorchComparison", "compare_with_torch", "from_torch", "torch_names"]
-
-
-def torch_names() -> dict[str, str]:
-    """torch class -> the name of zbkit's builder of the same schedule (the records' `torch`)."""
-    return {cls: r.name for r in RECORDS.values() for cls in r.torch}
-
-
-def _torch_class_name(cls: type) -> str:
-    """The torch class `cls` is (or derives from) among `torch_names()`; else its own name."""
-    known = torch_names()
-    for base in cls.__mro__:
-        if base.__name__ in known and base.__module__.startswith("torch."):
-            return base.__name__
-    return cls.__name__
-
-
-def _resolve_class(name_or_class: str | type) -> tuple[str, type]:
-    """("zb-v" | "ScheduleZBVZeroBubble" | the class) -> (torch class name, torch class)."""
-    from torch.distributed.pipelining import schedules as torch_schedules
-
-    if isinstance(name_or_class, type):
-        return _torch_class_name(name_or_class), name_or_class
-    known = torch_names()
-    by_zbkit = {zb: cls for cls, zb in known.items()}
-    cls_name = by_zbkit.get(name_or_class, name_or_class)
-    if cls_name not in known:
-        listed = ", ".join(f"{zb} ({cls})" for cls, zb in known.items())
-        raise ValueError(f"no torch schedule named {name_or_class!r}; known: {listed}")
-    return cls_name, getattr(torch_schedules, cls_name)
-
-
-def _record_of(cls_name: str) -> ScheduleRecord | None:
-    name = torch_names().get(cls_name)
-    return RECORDS[name] if name is not None else None
-
-
-def _instantiate(cls: type, cls_name: str, pp: int, microbatches: int, v: int | None) -> Any:
-    """torch's schedule object for these sizes, on stand-in stages (what its constructors read)."""
-    found = _record_of(cls_name)
-    placement = found.placement if found is not None else "looped"
-    if placement == "linear":  # one stage per rank
-        if v not in (None, 1):
-            raise ValueError(f"{cls_name} runs one stage per rank; got stages_per_rank={v}")
-        stage = SimpleNamespace(num_stages=pp, group_size=pp, group_rank=0, submod=None)
-        return cls(stage, microbatches)
-    if placement == "v" and v not in (None, 2):
-        raise ValueError(f"{cls_name} runs two stages per rank (a V); got stages_per_rank={v}")
-    v = 2 if v is None else v
-    stage = SimpleNamespace(num_stages=v * pp, group_size=pp, group_rank=0, submod=None)
-    return cls([stage] * v, microbatches)
-
-
-def _placement(obj: Any, cls_name: str, pp: int, num_stages: int) -> list[int]:
-    """torch's own map when the object has one (multi-stage schedules), else the record's
-    placement (looped for a class zbkit has no record of)."""
-    mapping = getattr(obj, "stage_index_to_group_rank", None)
-    if mapping and len(mapping) == num_stages:
-        return [int(mapping[s]) for s in range(num_stages)]
-    found = _record_of(cls_name)
-    placement = "v" if found is not None and found.placement == "v" else "looped"
-    return stage_to_rank(placement, pp, num_stages // pp)
-
-
-def _rows_text(order: dict[int, list[Any]]) -> str:
-    """torch's rows as its CSV writes them (an idle step, None, as an empty cell)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    for rank in sorted(order):
-        writer.writerow(["" if a is None else str(a) for a in order[rank]])
-    return out.getvalue()
 
 
 def from_torch(
@@ -119,30 +45,9 @@ def from_torch(
     it; torch's transfers and FSDP actions kept as `torch_ops`. Not validated: call
     `validate` (torch 2.13's `Schedule1F1B` draws an order its own validator rejects).
     """
-    if isinstance(schedule_or_class, type | str):  # a class, or its name (or zbkit's)
-        if pp is None or microbatches is None:
-            name = getattr(schedule_or_class, "__name__", schedule_or_class)
-            raise TypeError(
-                f"from_torch({name}) needs pp= and microbatches= (or pass a schedule object)"
-            )
-        cls_name, cls = _resolve_class(schedule_or_class)
-        obj = _instantiate(cls, cls_name, pp, microbatches, stages_per_rank)
-    else:
-        obj, cls_name = schedule_or_class, _torch_class_name(type(schedule_or_class))
-    order = getattr(obj, "pipeline_order_with_comms", None) or getattr(obj, "pipeline_order", None)
-    if not order:
-        raise ValueError(
-            f"{type(obj).__name__} has no pipeline_order (torch draws none for it): nothing to load"
-        )
-    num_stages = int(obj._num_stages)
-    m = int(obj._n_microbatches)
-    size = len(order)
-    for what, given, have in (("pp", pp, size), ("microbatches", microbatches, m)):
-        if given is not None and given != have:
-            raise ValueError(f"{what}={given}, but the torch schedule has {what}={have}")
-    placement = _placement(obj, cls_name, size, num_stages)
-    name = torch_names().get(cls_name, cls_name)
-    return Schedule.from_csv(_rows_text(order), stage_to_rank=placement, microbatches=m, name=name)
+    return Schedule.from_torch(
+        schedule_or_class, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank
+    )
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -237,7 +142,7 @@ def compare_with_torch(
 ) -> TorchComparison:
     """torch's schedule (a zbkit name like "zb-v", a torch class or its name) next to
     zbkit's builder of the same schedule: validity, simulated numbers, first differences."""
-    cls_name, cls = _resolve_class(name_or_class)
+    cls_name, cls = resolve_class(name_or_class)
     theirs = from_torch(cls, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank)
     name = torch_names()[cls_name]
     options: dict[str, Any] = (

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zbkit.schedules.builders import build_schedule
 from zbkit.schedules.core.costs import Costs, per_stage
 from zbkit.schedules.core.schedule import Schedule
 from zbkit.schedules.sim.simulate import Simulation, simulate
@@ -86,8 +87,6 @@ def throughput(
     `simulated`: one iteration of `schedule` under `costs` already simulated (the CLI and
     the explorer have it), used for the synchronised rate instead of simulating it again.
     """
-    from zbkit.schedules.builders import build_schedule  # builders import the simulator
-
     if not isinstance(iterations, int) or iterations < 2:
         raise ValueError(f"throughput needs iterations >= 2 for a steady state, got {iterations}")
     base = build_schedule("1f1b", pp=schedule.pp, microbatches=schedule.microbatches)

@@ -3,8 +3,8 @@
 Which schedule to pick under which memory budget: each fixed schedule is one point, zb-auto
 is a curve (its search under each memory limit, once per placement), and the frontier joins
 the points no other point beats on both axes. Every number comes from `simulate`. What is
-drawn and how (a point, or a curve per placement; colour and marker) is each schedule's
-record (`zbkit.schedules.catalog`).
+drawn (a point, or a curve per placement a search builds for) is each schedule's record
+(`zbkit.schedules.catalog`); its colour and marker are `STYLES` below.
 """
 
 from __future__ import annotations
@@ -18,23 +18,54 @@ from matplotlib.ticker import PercentFormatter
 
 from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
 from zbkit.schedules.optimum import bounds
-from zbkit.schedules.catalog import RECORDS, Style
+from zbkit.schedules.catalog import RECORDS
 from zbkit.schedules.core.costs import MEMORY_UNIT, per_stage
 from zbkit.schedules.core.placement import stage_to_rank
 from zbkit.viz._figure import ZbFigure
 
+class Style(NamedTuple):
+    colour: str  # a matplotlib colour
+    marker: str  # a matplotlib marker
+
+
+# per label: a schedule's point, or a search's curve per placement ("zb-auto (v)"). 1F1B's
+# family blue, ZB-H green, V red, the searches apart; DualPipeV not zb-auto's orange, which
+# it sits next to
+STYLES: dict[str, Style] = {
+    "gpipe": Style("#7f7f7f", "o"),
+    "1f1b": Style("#1f77b4", "s"),
+    "interleaved-1f1b": Style("#17becf", "D"),
+    "zb-h1": Style("#2ca02c", "^"),
+    "zb-h2": Style("#98c379", "v"),
+    "zb-v": Style("#d62728", "<"),
+    "zb-auto (linear)": Style("#ff7f0e", ">"),
+    "zb-auto (v)": Style("#9467bd", "p"),
+    "zb-opt (linear)": Style("#000000", "*"),
+    "zb-opt (v)": Style("#000000", "X"),
+    "looped-bfs": Style("#8c564b", "h"),
+    "interleaved-zb": Style("#bcbd22", "X"),
+    "v-half": Style("#e377c2", "*"),
+    "v-min": Style("#9e1f63", "P"),
+    "dualpipev": Style("#2c3e50", "d"),
+}
 _OTHER_MARKERS = "osD^v<>phX*P8d"
 
 
+def _labels(name: str) -> list[str]:
+    """A schedule's labels: its name, or one per placement for a search."""
+    found = RECORDS[name]
+    return [f"{name} ({p})" for p in found.placements] if found.placements else [name]
+
+
 def _styles() -> dict[str, Style]:
-    """(colour, marker) per label, from the records: a schedule's point, or each of a
-    search's curves ("zb-auto (v)"); a record without a style gets one by its position."""
+    """(colour, marker) per label: `STYLES`, or for a schedule registered without one, a
+    colour and marker by its position."""
     out: dict[str, Style] = {}
-    for i, r in enumerate(RECORDS.values()):
-        for placement, style in r.curves.items():
-            out[f"{r.name} ({placement})"] = style
-        if not r.curves:
-            out[r.name] = r.style or Style(f"C{i % 10}", _OTHER_MARKERS[i % len(_OTHER_MARKERS)])
+    for i, name in enumerate(RECORDS):
+        for label in _labels(name):
+            out[label] = STYLES.get(label) or Style(
+                f"C{i % 10}", _OTHER_MARKERS[i % len(_OTHER_MARKERS)]
+            )
     return out
 
 
@@ -124,9 +155,9 @@ def _collect(pp, m, costs, names, limits) -> tuple[list[FrontierPoint], dict[str
     points: list[FrontierPoint] = []
     skipped: dict[str, str] = {}
     for name in names:
-        for placement in RECORDS[name].curves:  # a search: one curve per placement
+        for placement in RECORDS[name].placements:  # a search: one curve per placement
             _curve(pp, m, costs, name, placement, limits, points, skipped)
-        if RECORDS[name].curves:
+        if RECORDS[name].placements:
             continue
         try:
             schedule = build_schedule(name, pp=pp, microbatches=m)

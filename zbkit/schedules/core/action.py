@@ -21,9 +21,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from typing import final
 
-__all__ = ["KINDS", "PARTS", "Action", "Kind", "Overlap", "Product", "kinds_making", "parse_item"]
+__all__ = [
+    "KINDS",
+    "PARTS",
+    "Action",
+    "Kind",
+    "Overlap",
+    "Product",
+    "kinds_making",
+    "parse_item",
+    "waits_on",
+]
 
 
 class Product(StrEnum):
@@ -92,6 +103,20 @@ KINDS: dict[str, Kind] = {
 def kinds_making(product: Product) -> list[Kind]:
     """The kinds whose finishing makes `product` (for ACT: F; for GRAD: I and B)."""
     return [k for k in KINDS.values() if k.makes == product]
+
+
+# ---- the readiness rule: when an action may start ------------------------------------------
+# `Kind.needs_of` says which (product, stage) an action waits for, the same microbatch's;
+# the simulator's engine, the search's timeline, the exact model's edges and the runtime's
+# mailboxes all ask it (directly, or through `waits_on` where actions are named by kind).
+@cache
+def waits_on(
+    stage: int, kind: str, num_stages: int, kinds: tuple[str, ...] = PARTS
+) -> tuple[tuple[int, str], ...]:
+    """(stage, kind) of the actions `kind` at `stage` waits for (same microbatch), as the
+    `KINDS` table says; each product is taken from the first of `kinds` that makes it."""
+    maker = {p: next(k.letter for k in kinds_making(p) if k.letter in kinds) for p in Product}
+    return tuple((s, maker[p]) for p, s in KINDS[kind].needs_of(stage, num_stages))
 
 
 _PATTERN = re.compile(r"^\s*(\d+)\s*([A-Za-z]+)\s*(\d+)\s*$")

@@ -12,10 +12,26 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from zbkit.schedules.core.action import KINDS
 
-__all__ = ["MEMORY_UNIT", "Costs", "one_f_one_b_peak", "per_stage", "stage_costs"]
+__all__ = [
+    "MEMORY_UNIT",
+    "TOL",
+    "Costs",
+    "beyond",
+    "cost_table",
+    "keyed_costs",
+    "running_peak",
+    "one_f_one_b_peak",
+    "per_stage",
+    "stage_costs",
+]
+
+# the one tolerance: times and memory closer than this (relative to 1, or to their size where
+# `beyond` says) are equal; sums of the same costs in another order differ by about 1e-15
+TOL = 1e-9
 
 # the unit of every simulated memory number (peaks, limits, axes), whatever the schedule:
 # one microbatch's activations on one rank's share of the model (x Costs.mem_activation)
@@ -153,3 +169,39 @@ def stage_costs(
     whole = Costs() if costs is None else costs
     held = Counter(where.values())
     return {s: whole.share(held[r]) for s, r in where.items()}
+
+
+# ---- the one cost table and the one tolerance, as every walk reads them -----------------
+def beyond(bound: float) -> float:
+    """`bound` plus the tolerance, relative to its size: a span up to it is not slower."""
+    return bound + TOL * max(1.0, abs(bound)) if bound < math.inf else bound
+
+
+def cost_table(
+    costs: Sequence[Costs], kinds: Iterable[str] = KINDS
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Per stage and kind: duration and memory change, from `Costs` (looked up ~10^4 times
+    per schedule, so read once)."""
+    kinds = tuple(kinds)
+    return (
+        [{k: c.duration(k) for k in kinds} for c in costs],
+        [{k: c.memory(k) for k in kinds} for c in costs],
+    )
+
+
+def keyed_costs(
+    costs: Sequence[Costs],
+) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
+    """(durations, memory changes) keyed by (stage, kind) for every kind of `KINDS`: what the
+    engine (`engine.run`) and the memory checks of a finished program read."""
+    dur, mem = cost_table(costs)
+    return (
+        {(s, k): d for s, row in enumerate(dur) for k, d in row.items()},
+        {(s, k): d for s, row in enumerate(mem) for k, d in row.items()},
+    )
+
+
+def running_peak(deltas: Iterable[float]) -> float:
+    """The most a rank holds (at least 0) running its memory changes in order: one action
+    at a time, so the running maximum is the peak, whatever the timing."""
+    return max(0.0, max(accumulate(deltas), default=0.0))

@@ -1,6 +1,6 @@
 """The communication plan: a rank's compute actions with the transfers they imply, as data.
 
-The schedule builders emit compute actions only. ``derive_plan`` walks one rank's program
+The schedule builders emit compute actions only. ``plan_of`` walks one rank's program
 once and, asking the ``KINDS`` table, wraps each action with its transfers:
 
 - before it, a receive for each thing it needs from a stage on another rank
@@ -16,15 +16,14 @@ walks: ``for step in plan: comm -> send/receive; action -> run it``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Union
 
 from zbkit.schedules.core.action import Action, Overlap, Product
-from zbkit.schedules.core.schedule import Schedule, expect_schedule
 
-__all__ = ["Comm", "CommOp", "Plan", "PlanStep", "derive_plan"]
+__all__ = ["Comm", "CommOp", "Plan", "PlanStep", "plan_of"]
 
 
 class CommOp(StrEnum):
@@ -126,18 +125,16 @@ class Plan:
         return f"Plan(rank={self.rank}, actions={len(self.actions)}, comms={len(self.comms)})"
 
 
-def derive_plan(schedule: Schedule, rank: int) -> Plan:
-    """``rank``'s compute actions with the ``Comm`` each one needs around it.
+def plan_of(items: Sequence[Action | Overlap], stage_to_rank: Sequence[int], rank: int) -> Plan:
+    """``rank``'s program ``items`` with the ``Comm`` each one needs around it, for stages
+    placed by ``stage_to_rank`` (``derive_plan(schedule, rank)`` is this for a Schedule).
 
-    One pass over the rank's program: before an action, a receive for each input made on
-    another rank (its stage's neighbour, from ``Kind.needs``); after it, a send for each rank
-    that consumes what it makes. ``print(derive_plan(build_schedule("1f1b", pp=2,
-    microbatches=2), 0))`` shows rank 0's; ``ScheduleRunner.plan`` is this.
-    """
-    expect_schedule(schedule, "derive_plan")
-    where, n = schedule.stage_to_rank, schedule.num_stages
+    One pass: before an action, a receive for each input made on another rank (its stage's
+    neighbour, from ``Kind.needs``); after it, a send for each rank that consumes what it
+    makes."""
+    where, n = stage_to_rank, len(stage_to_rank)
     steps: list[PlanStep] = []
-    for item in schedule.program.get(rank, []):
+    for item in items:
         # an overlapped pair: the receives of both halves, the pair, the sends of both
         for a in item.halves:
             for product, src in a.info.needs_of(a.stage, n):

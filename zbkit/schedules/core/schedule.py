@@ -18,15 +18,54 @@ from os import PathLike
 from typing import cast
 
 from zbkit._display import show
-from zbkit.schedules.core.grid import render_grid
 from zbkit.schedules.core.action import Action, Overlap, parse_item
+from zbkit.schedules.core.costs import TOL, Costs
+from zbkit.schedules.core.grid import render_grid
+from zbkit.schedules.core.plan import Plan, plan_of
 from zbkit.schedules.core.torch_ops import TorchOp, derive_torch_ops, parse_torch_op
+from zbkit.schedules.core.torch_schedules import read_torch
 
-__all__ = ["Schedule", "ScheduleError"]
+__all__ = ["Proof", "Schedule", "ScheduleError", "derive_plan", "expect_schedule"]
 
 
 class ScheduleError(ValueError):
     """A schedule that cannot run: the message names rank, position and action."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A certified lower bound on the longest rank span of any schedule of a program's sizes
+    and placement that holds at most `memory_limit`, for these per-stage `costs`: what zb-auto
+    or the solver found out, carried by the schedule it built. It speaks for that program
+    only (`holds`): an edited program, other costs or a higher peak void it."""
+
+    costs: tuple[Costs, ...]
+    memory_limit: float
+    lower_bound: float
+    program: tuple[tuple[Action | Overlap, ...], ...]  # per rank, as proven
+
+    @classmethod
+    def of(
+        cls,
+        program: Mapping[int, Sequence[Action | Overlap]],
+        costs: Sequence[Costs],
+        memory_limit: float,
+        lower_bound: float,
+    ) -> Proof:
+        return cls(tuple(costs), float(memory_limit), float(lower_bound), _rows(program))
+
+    def holds(self, schedule: Schedule, costs: Sequence[Costs], peak: float) -> bool:
+        """Whether it speaks for `schedule` under per-stage `costs` at this `peak`."""
+        same_costs = list(self.costs) == list(costs)
+        return (
+            same_costs
+            and peak <= self.memory_limit + TOL
+            and _rows(schedule.program) == self.program
+        )
+
+
+def _rows(program: Mapping[int, Sequence[Action | Overlap]]) -> tuple[tuple, ...]:
+    return tuple(tuple(program.get(r, ())) for r in range(max(program, default=-1) + 1))
 
 
 @dataclass(eq=True)
@@ -45,6 +84,8 @@ class Schedule:
     # torch's transfers and FSDP actions between the compute items, as loaded: per rank,
     # (slot = compute items before it, op); empty for schedules zbkit builds
     torch_ops: dict[int, list[tuple[int, TorchOp]]] = field(default_factory=dict)
+    # what the search or the solver that built it proved (None: nothing): `bound_for` reads it
+    proof: Proof | None = field(default=None, compare=False, repr=False)
 
     @property
     def pp(self) -> int:
@@ -103,7 +144,9 @@ class Schedule:
     def lowered_ops(self) -> dict[int, list[tuple[int, TorchOp]]]:
         """torch's non-compute actions per rank: the loaded `torch_ops`, or else the
         transfers derived from the placement (what torch's own lowering pass makes)."""
-        return self.torch_ops if any(self.torch_ops.values()) else derive_torch_ops(self)
+        if any(self.torch_ops.values()):
+            return self.torch_ops
+        return derive_torch_ops(self.program, self.stage_to_rank)
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython: show the grid
         printer.text(repr(self) + "\n" + self.to_grid())
@@ -218,12 +261,24 @@ class Schedule:
         stages_per_rank: int | None = None,
     ) -> Schedule:
         """torch.distributed.pipelining's schedule (object, or class with sizes) as a
-        `Schedule`, placed as torch places it (see `zbkit.schedules.from_torch`)."""
-        from zbkit.schedules.from_torch import from_torch  # lazily: it imports torch inside
-
-        return from_torch(
+        `Schedule`, named after zbkit's builder of the same schedule and placed as torch
+        places it; torch's transfers and FSDP actions kept as `torch_ops`. Not validated:
+        call `validate` (torch 2.13's `Schedule1F1B` draws an order its own validator
+        rejects). See `zbkit.schedules.core.torch_schedules`."""
+        rows = read_torch(
             schedule_or_class, pp=pp, microbatches=microbatches, stages_per_rank=stages_per_rank
         )
+        return cls.from_csv(rows.text, rows.stage_to_rank, rows.microbatches, rows.name)
+
+
+def derive_plan(schedule: Schedule, rank: int) -> Plan:
+    """``rank``'s compute actions with the ``Comm`` each one needs around it
+    (``zbkit.schedules.core.plan``): before an action, a receive for each input made on
+    another rank; after it, a send for each rank that consumes what it makes.
+    ``print(derive_plan(build_schedule("1f1b", pp=2, microbatches=2), 0))`` shows rank 0's;
+    ``ScheduleRunner.plan`` is this."""
+    expect_schedule(schedule, "derive_plan")
+    return plan_of(schedule.program.get(rank, []), schedule.stage_to_rank, rank)
 
 
 def expect_schedule(value: object, who: str) -> Schedule:

@@ -27,8 +27,7 @@ from __future__ import annotations
 from bisect import bisect
 from itertools import accumulate
 
-from zbkit.schedules.search.timeline import inputs
-from zbkit.schedules.core.action import PARTS, Action
+from zbkit.schedules.core.action import PARTS, Action, waits_on
 from zbkit.schedules.core.costs import Costs
 from zbkit.schedules.core.placement import stage_to_rank
 
@@ -68,7 +67,7 @@ def _deps(key: Key, last: int) -> list[Key]:
     microbatch of the same stage and kind, so that each stage keeps its microbatches in order."""
     s, kind, j = key
     deps = [(s, kind, j - 1)] if j > 0 else []
-    return deps + [(d, k, j) for d, k in inputs(s, kind, last + 1)]
+    return deps + [(d, k, j) for d, k in waits_on(s, kind, last + 1)]
 
 
 def _fill_w(slot: Slots, lines: list[Line]) -> None:

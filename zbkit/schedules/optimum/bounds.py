@@ -36,9 +36,8 @@ closed forms fell to 78% of the optimum, the walk keeps 92.5% (`benchmarks/exact
 
 from __future__ import annotations
 
-from zbkit.schedules.search.timeline import TOL
+from zbkit.schedules.core.costs import TOL, Costs
 from zbkit.schedules.optimum.walk import CHAINS_MAX_ACTIONS, chains
-from zbkit.schedules.core.costs import Costs
 
 
 def busy(stage_to_rank: list[int], m: int, costs: list[Costs]) -> float:

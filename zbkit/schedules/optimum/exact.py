@@ -32,17 +32,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from zbkit.schedules.optimum import cpsat
-from zbkit.schedules.optimum.bounds import gap_line
-from zbkit.schedules.core.recent import Recent
 from zbkit.schedules.core.costs import Costs, least_peak, one_f_one_b_peak, per_stage
 from zbkit.schedules.core.placement import stage_to_rank
-from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.core.schedule import Proof, Schedule
+from zbkit.schedules.optimum import bounds, cpsat
+from zbkit.schedules.optimum.bounds import gap_line
 from zbkit.schedules.sim.simulate import Simulation, simulate
 
-__all__ = ["Solution", "bound_for", "gap_line", "lower_bound", "solve"]
+__all__ = ["Solution", "bound_for", "cp_sat", "gap_line", "lower_bound", "prove", "setting"]
 
 OBJECTIVES = ("span", "makespan")
 
@@ -84,13 +83,11 @@ def lower_bound(
     end under the limit, and up to 768 actions a walk of every action's earliest start with
     the waits memory forces (`bounds.py`, `walk.py`; up to 192 actions it also walks both
     orders of each pair of a rank's forwards on different stages: under half a second)."""
-    from zbkit.schedules.optimum import bounds
-
-    where, per, limit = _setting(pp, microbatches, costs, memory_limit, placement, "lower_bound")
+    where, per, limit = setting(pp, microbatches, costs, memory_limit, placement, "lower_bound")
     return bounds.lower_bound(where, microbatches, per, limit, placement)
 
 
-def _setting(
+def setting(
     pp: int,
     microbatches: int,
     costs: Costs | Sequence[Costs] | None,
@@ -131,8 +128,6 @@ def bound_for(
     placement and sizes that holds no more memory than it does; None where zbkit has none
     (overlapped pairs save time, which the bounds do not count). `simulated`: the schedule's
     simulation with these costs, if the caller has it (else it is simulated here)."""
-    from zbkit.schedules.optimum import bounds
-
     sim = simulated if simulated is not None else simulate(schedule, costs, check=False)
     per, where, m = sim.per_stage, schedule.stage_to_rank, schedule.microbatches
     paired = any(len(item.halves) == 2 for row in schedule.program.values() for item in row)
@@ -143,38 +138,17 @@ def bound_for(
     # looped BFS's backwards run last-first)
     walk = cpsat.in_order(schedule)
     bound = bounds.lower_bound(where, m, per, max(sim.peak_memory), placement, walk=walk)
-    return max(bound, _proven(schedule, per, max(sim.peak_memory)))
-
-
-def _proven(schedule: Schedule, per: list[Costs], peak: float) -> float:
-    """A proven bound kept for this very schedule, where it is one zbkit solved or searched
-    for these costs under a limit it stays under (zb-opt's: the solver's bound; zb-auto's:
-    its search's, which its exact candidate may have raised); else 0."""
-    from zbkit.schedules.search import auto
-
-    def same(found: Schedule, costs: tuple, limit: float) -> bool:
-        return (
-            list(costs) == per
-            and found.stage_to_rank == schedule.stage_to_rank
-            and found.microbatches == schedule.microbatches
-            and found.program == schedule.program
-            and peak <= limit + 1e-9
-        )
-
-    for (_, _, costs, limit, _, _), solved in _RECENT.items():
-        if solved.objective == "span" and same(solved.schedule, costs, limit):
-            return solved.lower_bound
-    for (_, _, _, costs, limit, _), searched in auto._RECENT.items():
-        if same(searched.schedule, costs, limit):
-            return searched.lower_bound
-    return 0.0
+    peak = max(sim.peak_memory)
+    proof = schedule.proof  # what zb-auto or the solver proved of this very program, if any
+    proven = proof.lower_bound if proof is not None and proof.holds(schedule, per, peak) else 0.0
+    return max(bound, proven)
 
 
 # CP-SAT's parallel workers: at most the machine's cores, and 8 (its portfolio's sweet spot)
 _WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
-def _cp_sat():
+def cp_sat():
     try:  # the whole name, so a module marked missing in sys.modules reads as missing
         import ortools.sat.python.cp_model as cp_model
     except ImportError:
@@ -182,63 +156,6 @@ def _cp_sat():
             "zbkit.schedules.solve needs OR-Tools' CP-SAT: pip install 'zbkit[exact]'"
         ) from None
     return cp_model
-
-
-def solve(
-    *,
-    pp: int,
-    microbatches: int,
-    costs: Costs | Sequence[Costs] | None = None,
-    memory_limit: float | None = None,
-    placement: str = "linear",
-    objective: str = "span",
-    time_limit: float = 60.0,
-    warm_start: bool = True,
-) -> Solution:
-    """The best in-order schedule for these sizes and costs under `memory_limit`, or the best
-    found in `time_limit` seconds with a proven lower bound (module docstring). The search
-    starts from zb-auto's schedule (`warm_start=False`: from nothing, to time a proof alone:
-    zb-auto already proves settings of up to 96 actions itself)."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"solve: objective must be one of {OBJECTIVES}, got {objective!r}")
-    _cp_sat()  # the extra's one-line error before any work
-    where, per, limit = _setting(pp, microbatches, costs, memory_limit, placement, "solve")
-    warm = _zb_auto(pp, microbatches, per, limit, placement) if warm_start else None
-    return prove(where, microbatches, per, limit, placement, objective, time_limit, warm)
-
-
-_RECENT: Recent[Solution] = Recent()  # solutions remembered by their arguments
-
-
-def optimum(
-    pp: int,
-    m: int,
-    name: str,
-    costs: Costs | Sequence[Costs] | None,
-    memory_limit: float | None,
-    placement: str,
-    time_limit: float,
-) -> Schedule:
-    """`solve`'s schedule named `name` (zb-opt), the last few kept: a proof takes seconds."""
-    if not isinstance(time_limit, int | float) or isinstance(time_limit, bool) or time_limit <= 0:
-        raise ValueError(f"{name}: time_limit must be a number of seconds > 0, got {time_limit!r}")
-    where, per, limit = _setting(pp, m, costs, memory_limit, placement, name)
-    key = (pp, m, tuple(per), limit, placement, float(time_limit))
-    found = _RECENT.get(key, lambda: solve(
-        pp=pp, microbatches=m, costs=per, memory_limit=limit, placement=placement,
-        time_limit=time_limit,
-    ))  # fmt: skip
-    program = {r: list(actions) for r, actions in found.schedule.program.items()}
-    return Schedule(program, list(found.schedule.stage_to_rank), m, name)
-
-
-def _zb_auto(pp: int, m: int, per: list[Costs], limit: float, placement: str) -> Schedule | None:
-    from zbkit.schedules.search.auto import search
-
-    try:
-        return search(pp, m, "zb-auto", per, limit, placement).schedule
-    except ValueError:  # nothing of zb-auto's fits: the solver starts from nothing
-        return None
 
 
 def prove(
@@ -255,13 +172,11 @@ def prove(
     """`solve` for per-stage costs, started from `warm` (a schedule of these sizes, or None);
     `work` caps the search in CP-SAT's deterministic seconds on one worker (a cap, unlike a
     time limit, gives the same answer on a busy machine)."""
-    _cp_sat()
+    cp_sat()
     pp = max(where) + 1
     model = cpsat.Model(where, m, per)
     if max(model.delta) > limit + 1e-9:  # one forward alone is over the limit
         raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
-    from zbkit.schedules.optimum import bounds
-
     floor = bounds.lower_bound(where, m, per, limit, placement)
     # the warm start, where it is one of the orders solved over: its value caps the goal,
     # its times start the search, and it stays if the search comes back with nothing better
@@ -301,4 +216,6 @@ def prove(
     assert best is not None
     bound = min(value, max(bound, floor))
     tol = 1e-6 * max(1.0, value)
+    if objective == "span":  # the bound is on the longest rank span: `bound_for`'s question
+        best = replace(best, proof=Proof.of(best.program, per, limit, bound))
     return Solution(best, objective, value, bound, value - bound <= tol, seconds)

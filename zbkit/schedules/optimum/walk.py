@@ -24,8 +24,8 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from zbkit.schedules.search.timeline import TOL
-from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.costs import TOL
+from zbkit.schedules.optimum.cpsat import Costs, Model, by_rank, graph
 
 # the walk, steps 1, 2 and 4: beyond this many actions (F, I and W per stage and
 # microbatch) the closed forms are the bound (p=4, m=8 takes a few ms, 768 actions 0.1 s)
@@ -57,8 +57,6 @@ def chains(stage_to_rank: list[int], m: int, costs: list[Costs], limit: float) -
 
 @lru_cache(maxsize=64)
 def _chains(where: tuple[int, ...], m: int, costs: tuple[Costs, ...], limit: float) -> float:
-    from zbkit.schedules.optimum.cpsat import Model, by_rank
-
     model = Model(list(where), m, list(costs))
     ranks = by_rank(model)
     memory = {r: _RankMemory(model, mine, list(costs)) for r, mine in ranks.items()}
@@ -81,8 +79,6 @@ def _walk(model, ranks, memory, edges, limit, base: _Walked | None) -> _Walked |
     """Steps 1 and 2 from `base`'s earliest starts (each a bound already; zeros where None),
     `edges` its dependencies and more: the orders memory forces, then each action's earliest
     start, until nothing moves. None where no order fits."""
-    from zbkit.schedules.optimum.cpsat import graph
-
     n, dur, rank, acts, pins = len(model.actions), model.dur, model.rank, model.actions, model.pins
     while True:  # orders memory forces between forwards may force more
         preds, succs, topo = graph(n, edges)

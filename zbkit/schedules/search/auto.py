@@ -30,14 +30,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from zbkit.schedules.sim import engine
-from zbkit.schedules.optimum.bounds import gap_line, lower_bound
-from zbkit.schedules.search.candidates import CANDIDATES, PLACEMENTS, Candidate, Problem
-from zbkit.schedules.core.recent import Recent
-from zbkit.schedules.search.timeline import TOL, Slower, beyond, keyed_costs, running_peak
-from zbkit.schedules.core.costs import Costs, one_f_one_b_peak
+from zbkit.schedules.core.costs import (
+    TOL,
+    Costs,
+    beyond,
+    keyed_costs,
+    one_f_one_b_peak,
+    running_peak,
+)
 from zbkit.schedules.core.costs import per_stage as costs_per_stage
-from zbkit.schedules.core.schedule import Schedule, ScheduleError
+from zbkit.schedules.core.recent import Recent
+from zbkit.schedules.core.schedule import Proof, Schedule, ScheduleError
+from zbkit.schedules.optimum.bounds import gap_line, lower_bound
+from zbkit.schedules.search.candidates import CANDIDATES, PLACEMENTS, Candidate, Problem, SoFar
+from zbkit.schedules.search.timeline import Slower
+from zbkit.schedules.sim import engine
 from zbkit.schedules.sim.validate import check_actions
 
 
@@ -116,9 +123,11 @@ def search(
     key = (pp, m, name, tuple(per_stage), float(memory_limit), placement)
     found = _RECENT.get(key, lambda: _search(Problem(pp, m, per_stage, memory_limit, placement),
                                              name))  # fmt: skip
-    # a copy: the caller may edit its schedule, the kept one must stay as found
+    # a copy: the caller may edit its schedule, the kept one must stay as found; it carries
+    # what the search proved of it (`bound_for` reads it)
     program = {r: list(actions) for r, actions in found.schedule.program.items()}
-    copy = Schedule(program, list(found.schedule.stage_to_rank), m, name)
+    proof = Proof.of(program, per_stage, found.memory_limit, found.lower_bound)
+    copy = Schedule(program, list(found.schedule.stage_to_rank), m, name, proof=proof)
     return replace(found, schedule=copy, tried=list(found.tried))
 
 
@@ -133,14 +142,16 @@ def _search(problem: Problem, name: str) -> AutoSearch:
     rows: dict[int, Tried] = {}
     scored: list[tuple[float, float, int, Schedule]] = []  # (span, peak, index, schedule)
     proof = None  # why the candidates not yet run need not be
+    scratch: dict = {}  # work this search's candidates share (`SoFar.scratch`)
     for i in sorted(range(len(candidates)), key=lambda i: not candidates[i].handwritten):
         candidate = candidates[i]
         if proof:
             rows[i] = Tried(candidate, None, None, f"not run: {proof}")
             continue
-        problem.beat, _, _, problem.best = min(scored) if scored else (math.inf, 0, 0, None)
+        beat, _, _, best = min(scored) if scored else (math.inf, 0, 0, None)
         try:
-            program = candidate.build(problem)
+            built = candidate.built(problem, SoFar(beat, best, scratch))
+            program = built.program
             schedule = Schedule(program, where, m, name)
         except ValueError as err:  # it cannot meet this limit, or is left out: say why
             why = str(err)
@@ -170,8 +181,8 @@ def _search(problem: Problem, name: str) -> AutoSearch:
         span = max(t[-1][1] - t[0][0] for t in times.values() if t)
         rows[i] = Tried(candidate, span, peak, "fits")
         scored.append((span, peak, i, schedule))
-        if problem.proven > bound:  # the solver proved more than the instant bound
-            bound, reached = problem.proven, beyond(problem.proven)
+        if built.proven > bound:  # the solver proved more than the instant bound
+            bound, reached = built.proven, beyond(built.proven)
         if span <= reached and _valid(schedule):
             proof = f"{candidate.name} reaches the lower bound {bound:.6g}"
     tried = [rows[i] for i in range(len(candidates))]

@@ -9,24 +9,26 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from zbkit.schedules.named import fixed as fixed
-from zbkit.schedules.search.greedy import Moves, greedy
-from zbkit.schedules.search.heuristic import best_heuristic
-from zbkit.schedules.search.v_heuristic import best_v_heuristic
-from zbkit.schedules.search.refine import best_sweep, defer_late_ws, plain_program
-from zbkit.schedules.search.timeline import Slower
 from zbkit.schedules.core.action import Action
 from zbkit.schedules.core.costs import Costs
 from zbkit.schedules.core.placement import stage_to_rank
 from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.named import fixed
+from zbkit.schedules.optimum.exact import cp_sat, prove
+from zbkit.schedules.search.greedy import Moves, Waits, greedy
+from zbkit.schedules.search.heuristic import best_heuristic
+from zbkit.schedules.search.refine import best_sweep, defer_late_ws, plain_program
+from zbkit.schedules.search.timeline import Slower
+from zbkit.schedules.search.v_heuristic import best_v_heuristic
 
 PLACEMENTS = ("linear", "v")
 
 Program = Mapping[int, Sequence[Action]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Problem:
     """What every candidate is built for."""
 
@@ -35,10 +37,6 @@ class Problem:
     costs: list[Costs]  # one per stage
     limit: float  # peak memory per rank, in the per-stage costs' memory units (summed)
     placement: str  # "linear" or "v"
-    memo: dict = field(default_factory=dict)  # work shared between candidates (one search)
-    beat: float = math.inf  # the best span so far: a builder may give up (`Slower`) above it
-    best: Schedule | None = None  # the schedule of that span (the solver starts from it)
-    proven: float = 0.0  # a lower bound a builder proved (the solver's), else 0
 
     @property
     def stage_to_rank(self) -> list[int]:
@@ -46,35 +44,62 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class SoFar:
+    """What one search has found when it builds the next candidate: handed in, never
+    written back (what a builder finds out, it returns in its `Built`)."""
+
+    beat: float = math.inf  # the best span so far: a builder may give up (`Slower`) above it
+    best: Schedule | None = None  # the schedule of that span (the solver starts from it)
+    # work this one search's candidates share, kept by the search: the construction the
+    # deferred candidate starts from, and where greedies stopped
+    scratch: dict = field(default_factory=dict, compare=False)
+
+
+class Built(NamedTuple):
+    """A candidate's program, and the lower bound its builder proved (the solver's), else 0."""
+
+    program: Program
+    proven: float = 0.0
+
+
+Builder = Callable[[Problem, SoFar], "Program | Built"]
+
+
+@dataclass(frozen=True)
 class Candidate:
     name: str
     reason: str  # one line: where it wins, or what it guarantees
-    build: Callable[[Problem], Program]  # raises ValueError if it cannot meet the limit
+    build: Builder  # raises ValueError if it cannot meet the limit
     handwritten: bool = False  # cheap: timed first, it may prove the others need not run
+
+    def built(self, problem: Problem, so_far: SoFar | None = None) -> Built:
+        """Its program for `problem`, given what the search found so far (nothing: first)."""
+        out = self.build(problem, SoFar() if so_far is None else so_far)
+        return out if isinstance(out, Built) else Built(out)
 
 
 # ---- the candidates' builders -------------------------------------------------------------
 
 
-def _construction(problem: Problem) -> Program:
+def _construction(problem: Problem, so_far: SoFar) -> Program:
     """The paper's construction (`sweep`) at its best warm-up and W-filling rule."""
-    if "construction" not in problem.memo:  # the next candidate starts from it
-        problem.memo["construction"] = best_sweep(problem.costs, problem.m, problem.limit)
-    program = problem.memo["construction"]
+    if "construction" not in so_far.scratch:  # the next candidate starts from it
+        so_far.scratch["construction"] = best_sweep(problem.costs, problem.m, problem.limit)
+    program = so_far.scratch["construction"]
     if program is None:
         raise ValueError(f"no warm-up fits memory_limit={problem.limit:g}")
     return program
 
 
-def _deferred(problem: Problem) -> Program:
+def _deferred(problem: Problem, so_far: SoFar) -> Program:
     # the construction lets a W overrun the gap before an I by a little; on the critical
     # path that slip repeats rank after rank: defer those Ws (one rank per round at worst)
-    start = Schedule(_construction(problem), problem.stage_to_rank, problem.m)
+    start = Schedule(_construction(problem, so_far), problem.stage_to_rank, problem.m)
     return plain_program(defer_late_ws(start, problem.costs, problem.limit, 2 * problem.pp))
 
 
-def _heuristic(problem: Problem) -> Program:
-    return best_heuristic(problem.costs, problem.m, problem.limit, give_up=problem.beat)
+def _heuristic(problem: Problem, so_far: SoFar) -> Program:
+    return best_heuristic(problem.costs, problem.m, problem.limit, give_up=so_far.beat)
 
 
 # the reference V scheduler walks every action in Python, 4 to 12 builds (~3 us an action
@@ -83,14 +108,14 @@ def _heuristic(problem: Problem) -> Program:
 V_HEURISTIC_MAX_ACTIONS = 30_000
 
 
-def _v_heuristic(problem: Problem) -> Program:
+def _v_heuristic(problem: Problem, so_far: SoFar) -> Program:
     actions = 6 * problem.pp * problem.m
     if actions > V_HEURISTIC_MAX_ACTIONS:
         raise ValueError(
             f"not run: {actions} actions > {V_HEURISTIC_MAX_ACTIONS} (too slow in Python; "
             "at this size the greedies have matched or beaten it)"
         )
-    return best_v_heuristic(problem.costs, problem.m, problem.limit, give_up=problem.beat)
+    return best_v_heuristic(problem.costs, problem.m, problem.limit, give_up=so_far.beat)
 
 
 # zb-auto proves small settings itself where CP-SAT is installed: a solve of at most this
@@ -106,7 +131,7 @@ EXACT_WORK = 3.0
 EXACT_SECONDS = 20.0
 
 
-def _exact(problem: Problem) -> Program:
+def _exact(problem: Problem, so_far: SoFar) -> Built:
     """The exact optimum (`exact.prove`), started from the best candidate so far."""
     actions, most = 3 * len(problem.stage_to_rank) * problem.m, EXACT_MAX_ACTIONS
     if actions > most:
@@ -114,51 +139,46 @@ def _exact(problem: Problem) -> Program:
             f"not run: {actions} actions > {most} (too slow to prove on every build; "
             "zbkit.schedules.solve proves larger settings)"
         )
-    from zbkit.schedules.optimum.exact import _cp_sat, prove
-
     try:
-        _cp_sat()
+        cp_sat()
     except ImportError:
         raise ValueError("not run: needs CP-SAT (pip install 'zbkit[exact]')") from None
     found = prove(
         problem.stage_to_rank, problem.m, problem.costs, problem.limit, problem.placement,
-        warm=problem.best, time_limit=EXACT_SECONDS, work=EXACT_WORK,
+        warm=so_far.best, time_limit=EXACT_SECONDS, work=EXACT_WORK,
     )  # fmt: skip
-    problem.proven = found.lower_bound
-    return {r: list(found.schedule.actions(r)) for r in found.schedule.program}
+    program = {r: list(found.schedule.actions(r)) for r in found.schedule.program}
+    return Built(program, found.lower_bound)
 
 
 def _greedy(
     fill: float, hold: float, defer: float = 0.0, lead: float = math.inf, feed: float = 0.0
-) -> Callable[[Problem], Program]:
-    name = f"fill={fill:g} hold={hold:g}" + (f" defer={defer:g}" if defer else "")
-    name += (f" lead={lead:g}" if lead < math.inf else "") + (f" feed={feed:g}" if feed else "")
+) -> Builder:
+    waits = Waits(fill, hold, defer, lead, feed)
 
-    def build(problem: Problem) -> Program:
+    def build(problem: Problem, so_far: SoFar) -> Program:
         # the variants often move alike until they stop (a warm-up that no wait test
         # touches): a variant some earlier stopped run covers would stop there too, since
         # the best span, what they stop above, only shrinks during a search
-        stops = problem.memo.setdefault("greedy stops", [])
+        stops = so_far.scratch.setdefault("greedy stops", [])
         for other, moves, beat, why in stops:
-            if problem.beat <= beat and moves.covers(fill, hold, defer, lead, feed):
+            if so_far.beat <= beat and moves.covers(waits):
                 raise Slower(
                     f"makes the same moves as greedy {other} until that one stopped: {why}"
                 )
-        where, m, limit = problem.stage_to_rank, problem.m, problem.limit
         moves = Moves()
         try:
-            return greedy(
-                where, m, problem.costs, limit, fill, hold, problem.beat, moves, defer, lead, feed
-            )
+            return greedy(problem.stage_to_rank, problem.m, problem.costs, problem.limit, waits,
+                          give_up=so_far.beat, moves=moves)  # fmt: skip
         except Slower as err:
-            stops.append((name, moves, problem.beat, err))
+            stops.append((str(waits), moves, so_far.beat, err))
             raise
 
     return build
 
 
-def _fixed(fn: Callable[[int, int], Program]) -> Callable[[Problem], Program]:
-    return lambda problem: fn(problem.pp, problem.m)
+def _fixed(fn: Callable[[int, int], Program]) -> Builder:
+    return lambda problem, so_far: fn(problem.pp, problem.m)
 
 
 # Each reason says where the candidate was strictly the fastest (or ties, then what it

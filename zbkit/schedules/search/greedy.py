@@ -31,11 +31,30 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from zbkit.schedules.search.timeline import TOL, Timeline
 from zbkit.schedules.core.action import PARTS, Action
-from zbkit.schedules.core.costs import Costs, least_peak
+from zbkit.schedules.core.costs import TOL, Costs, least_peak
+from zbkit.schedules.search.timeline import Timeline
 
 __all__ = ["Moves", "greedy"]
+
+
+@dataclass(frozen=True)
+class Waits:
+    """The greedy's settings (module docstring), taken by name: how long a pick waits for an
+    I (`hold`), an F (`feed`) or a later stage's forward (`defer`) rather than run a W or a
+    first-chunk forward, and how far first chunks may run ahead (`lead`)."""
+
+    fill: float = 0.0
+    hold: float = 0.0
+    defer: float = 0.0
+    lead: float = math.inf
+    feed: float = 0.0
+
+    def __str__(self) -> str:  # "fill=0.5 hold=0 feed=2": what the candidates are called
+        text = f"fill={self.fill:g} hold={self.hold:g}"
+        text += f" defer={self.defer:g}" if self.defer else ""
+        text += f" lead={self.lead:g}" if self.lead < math.inf else ""
+        return text + (f" feed={self.feed:g}" if self.feed else "")
 
 
 @dataclass
@@ -52,13 +71,13 @@ class Moves:
     lead: tuple[float, float] = (-math.inf, math.inf)
     feed: tuple[float, float] = (-math.inf, math.inf)
 
-    def covers(self, fill: float, hold: float, defer: float, lead: float, feed: float) -> bool:
+    def covers(self, waits: Waits) -> bool:
         return (
-            _inside(fill, self.fill)
-            and _inside(hold, self.hold)
-            and _inside(defer, self.defer)
-            and _inside(lead, self.lead)
-            and _inside(feed, self.feed)
+            _inside(waits.fill, self.fill)
+            and _inside(waits.hold, self.hold)
+            and _inside(waits.defer, self.defer)
+            and _inside(waits.lead, self.lead)
+            and _inside(waits.feed, self.feed)
         )
 
 
@@ -79,12 +98,10 @@ class _Greedy:
     """The event loop of `greedy`: which rank decides when, and what it picks (`decide`);
     the timeline places what it picks."""
 
-    def __init__(
-        self, tl: Timeline, moves: Moves, *, fill: float, hold: float, defer: float, lead: float,
-        feed: float,
-    ) -> None:  # fmt: skip
+    def __init__(self, tl: Timeline, moves: Moves, waits: Waits) -> None:
         self.tl, self.moves = tl, moves
-        self.fill, self.hold, self.defer, self.lead, self.feed = fill, hold, defer, lead, feed
+        self.fill, self.hold, self.defer = waits.fill, waits.hold, waits.defer
+        self.lead, self.feed = waits.lead, waits.feed
         where, n, p = tl.where, len(tl.where), len(tl.free)
         # each stage's next stage on the same rank (the V's second chunk), if any
         self.later = [next((t for t in range(s + 1, n) if where[t] == where[s]), None)
@@ -227,22 +244,18 @@ def greedy(
     m: int,
     costs: list[Costs],
     memory_limit: float,
-    fill: float = 0.0,
-    hold: float = 0.0,
+    waits: Waits = Waits(),
+    *,
     give_up: float = math.inf,
     moves: Moves | None = None,
-    defer: float = 0.0,
-    lead: float = math.inf,
-    feed: float = 0.0,
 ) -> dict[int, list[Action]]:
-    """The policy above; raises `Slower` once some rank's span must exceed `give_up`.
-    `moves` (optional) is narrowed to the fill, hold, defer, lead and feed values that would
-    move the same."""
+    """The policy above with these `waits`; raises `Slower` once some rank's span must exceed
+    `give_up`. `moves` (optional) is narrowed to the waits that would move the same."""
     # an input from another rank arrives the sender's comm later here (the simulator
     # charges the receiver's: the same for one Costs; kept so zb-auto's results stay)
     tl = Timeline(costs, stage_to_rank, m, memory_limit, give_up, hop=lambda t, s: costs[s].comm)
     moves = Moves() if moves is None else moves
-    _Greedy(tl, moves, fill=fill, hold=hold, defer=defer, lead=lead, feed=feed).loop()
+    _Greedy(tl, moves, waits).loop()
     if tl.placed < len(PARTS) * len(stage_to_rank) * m:
         raise ValueError(
             f"memory_limit={memory_limit:g} is too small to finish: a rank cannot run its next "

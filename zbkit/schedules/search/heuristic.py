@@ -30,9 +30,9 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules.search.timeline import TOL, Timeline, fastest_variant
 from zbkit.schedules.core.action import Action
-from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.costs import TOL, Costs
+from zbkit.schedules.search.timeline import Timeline, fastest_variant
 
 __all__ = ["best_heuristic", "heuristic", "sweep"]
 

@@ -30,12 +30,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from zbkit.schedules.sim import engine
-from zbkit.schedules.search.heuristic import sweep
-from zbkit.schedules.search.timeline import TOL, Timeline, keyed_costs, running_peak
 from zbkit.schedules.core.action import Action
-from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.costs import TOL, Costs, keyed_costs, running_peak
 from zbkit.schedules.core.schedule import Schedule
+from zbkit.schedules.search.heuristic import sweep
+from zbkit.schedules.search.timeline import Timeline
+from zbkit.schedules.sim import engine
 
 # (fill, tail_fill) for `sweep`: a W goes into any gap / a gap half its size / only where it fits
 _FILLS = [(0.0, 0.0), (0.5, 0.5), (0.0, 0.5), (0.25, 0.5), (2.0, 2.0)]

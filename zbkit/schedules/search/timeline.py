@@ -28,64 +28,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache
-from itertools import accumulate
 
-from zbkit.schedules.core.action import KINDS, PARTS, Action, Product, kinds_making
-from zbkit.schedules.core.costs import Costs
-
-TOL = 1e-9  # times and memory closer than this are equal (float sums of the same costs)
+from zbkit.schedules.core.action import PARTS, Action, waits_on
+from zbkit.schedules.core.costs import TOL, Costs, beyond, cost_table
 
 Program = dict[int, list[Action]]
 
 
 class Slower(Exception):
     """A build gave up: a rank's span is sure to exceed the bound (the message says how)."""
-
-
-def beyond(bound: float) -> float:
-    """`bound` plus the tolerance, relative to its size: a span up to it is not slower."""
-    return bound + TOL * max(1.0, abs(bound)) if bound < math.inf else bound
-
-
-def cost_table(
-    costs: Sequence[Costs], kinds: Iterable[str] = KINDS
-) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """Per stage and kind: duration and memory change, from `Costs` (looked up ~10^4 times
-    per schedule, so read once)."""
-    kinds = tuple(kinds)
-    return (
-        [{k: c.duration(k) for k in kinds} for c in costs],
-        [{k: c.memory(k) for k in kinds} for c in costs],
-    )
-
-
-def keyed_costs(
-    costs: Sequence[Costs],
-) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
-    """(durations, memory changes) keyed by (stage, kind) for every kind of `KINDS`: what the
-    engine (`engine.run`) and the memory checks of a finished program read."""
-    dur, mem = cost_table(costs)
-    return (
-        {(s, k): d for s, row in enumerate(dur) for k, d in row.items()},
-        {(s, k): d for s, row in enumerate(mem) for k, d in row.items()},
-    )
-
-
-def running_peak(deltas: Iterable[float]) -> float:
-    """The most a rank holds (at least 0) running its memory changes in order: one action
-    at a time, so the running maximum is the peak, whatever the timing."""
-    return max(0.0, max(accumulate(deltas), default=0.0))
-
-
-@cache
-def inputs(
-    stage: int, kind: str, num_stages: int, kinds: tuple[str, ...] = PARTS
-) -> tuple[tuple[int, str], ...]:
-    """(stage, kind) of the actions `kind` at `stage` waits for (same microbatch), as the
-    `KINDS` table says; each product is taken from the first of `kinds` that makes it."""
-    maker = {p: next(k.letter for k in kinds_making(p) if k.letter in kinds) for p in Product}
-    return tuple((s, maker[p]) for p, s in KINDS[kind].needs_of(stage, num_stages))
 
 
 def fastest_variant(
@@ -139,7 +90,7 @@ class Timeline:
         n, p = len(self.where), max(self.where) + 1
         self.dur, self.mem = cost_table(costs, PARTS)
         self.comm = [c.comm for c in costs]
-        self.inputs = {k: [inputs(s, k, n) for s in range(n)] for k in PARTS}
+        self.inputs = {k: [waits_on(s, k, n) for s in range(n)] for k in PARTS}
         # what stage t waiting on stage s (on another rank) adds: by default the waiting
         # stage's comm, as the simulator charges it; `hop(t, s)` where a builder keeps its
         # own reading (the same for one Costs, whose comm every stage shares)

@@ -35,10 +35,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbkit.schedules.search.timeline import TOL, Slower, Timeline, fastest_variant
 from zbkit.schedules.core.action import Action
-from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.costs import TOL, Costs
 from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.search.timeline import Slower, Timeline, fastest_variant
 
 
 class _Build:

@@ -13,18 +13,17 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from zbkit._display import show
-from zbkit.schedules.sim import engine
-from zbkit.schedules.search.timeline import keyed_costs, running_peak
 from zbkit.schedules.core.action import PARTS, Action, Overlap
-from zbkit.schedules.core.costs import Costs, per_stage
+from zbkit.schedules.core.costs import Costs, keyed_costs, per_stage, running_peak
 from zbkit.schedules.core.events import (
     CommEvent,
     Event,
     bubble_of,
     memory_steps,
 )
-from zbkit.schedules.core.plan import Comm, CommOp, derive_plan
-from zbkit.schedules.core.schedule import Schedule, ScheduleError, expect_schedule
+from zbkit.schedules.core.plan import Comm, CommOp
+from zbkit.schedules.core.schedule import Schedule, ScheduleError, derive_plan, expect_schedule
+from zbkit.schedules.sim import engine
 from zbkit.schedules.sim.validate import check_actions, deadlock_error, validate
 
 __all__ = ["Simulation", "simulate"]

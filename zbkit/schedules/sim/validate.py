@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zbkit.schedules.sim import engine
 from zbkit.schedules.core.action import KINDS, PARTS, Action, Overlap, Product, kinds_making
 from zbkit.schedules.core.schedule import Schedule, ScheduleError, expect_schedule
-from zbkit.schedules.core.torch_ops import check_torch_ops
+from zbkit.schedules.sim import engine
+from zbkit.schedules.sim.torch_checks import check_torch_ops
 
 __all__ = ["validate"]
 
