@@ -1,12 +1,20 @@
-"""The registry and the verdict; the exercises themselves live in ``_nbNN`` modules."""
+"""The registry, the verdict, and what every notebook's checkers share (how an answer is
+read: a count, a number, names, a schedule's name; the block notebooks 01 and 02 analyse).
+The exercises themselves live in ``_nbNN`` modules."""
 
 from __future__ import annotations
 
 import html
 import importlib
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from zbkit.splitgrad import SplitGradAnalysis
 
 # a checker takes the learner's answer and returns (right?, why): the why names the
 # expected value and how it was found, so a wrong answer teaches something too
@@ -91,3 +99,56 @@ def check(key: str, answer: Any) -> Verdict:
         return Verdict(key, None, f"Set `answer` to {ex.asks}, then run this cell again.")
     right, why = ex.checker(answer)
     return Verdict(key, right, why)
+
+
+# ----------------------------------------------------------------- reading an answer
+
+
+def is_count(answer: Any) -> bool:
+    """A whole number: an int, not a bool (True is an int to Python, not to a learner)."""
+    return isinstance(answer, int) and not isinstance(answer, bool)
+
+
+def is_number(answer: Any) -> bool:
+    """A finite int or float, not a bool: a time, a rate or a size (nan and inf are none)."""
+    return (
+        isinstance(answer, int | float) and not isinstance(answer, bool) and math.isfinite(answer)
+    )
+
+
+def as_names(answer: Any) -> set[str] | None:
+    """A set, list or tuple of strings (or one string) as lower-case names; None if not."""
+    items = [answer] if isinstance(answer, str) else answer
+    if not isinstance(items, set | frozenset | list | tuple):
+        return None
+    if not all(isinstance(s, str) for s in items):
+        return None
+    return {s.strip().lower() for s in items}
+
+
+def schedule_name(answer: Any, choices: Sequence[str], which: str) -> tuple[str | None, str]:
+    """(the answer as one of `choices`, "") or (None, why not): names are read loosely."""
+    if not isinstance(answer, str):
+        return None, f"give a schedule's name such as 'zb-h1', got {answer!r}"
+    name = answer.strip().lower()
+    if name not in choices:
+        return None, f"{answer!r} is not one of {which}: {', '.join(choices)}"
+    return name, ""
+
+
+# ----------------------------------------------------------------- notebooks 01 and 02's block
+
+
+def block_analysis() -> tuple[nn.Module, SplitGradAnalysis]:
+    """Notebooks 01 and 02's transformer block and its analysis (the learner's random stream
+    left as it was)."""
+    # torch only when a checker builds the block: `import zbkit.exercises` stays pure Python
+    import torch
+
+    from zbkit.models import TransformerBlock  # torch too, for the same reason
+    from zbkit.splitgrad import analyze  # torch too, for the same reason
+
+    with torch.random.fork_rng(devices=[]):
+        block = TransformerBlock(dim=16, heads=2)
+        h = torch.randn(2, 5, 16, requires_grad=True)  # (batch, tokens, dim)
+        return block, analyze(block(h), h, block)

@@ -7,33 +7,18 @@ values do not matter, only the graph), analyses it with `analyze` and compares.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from zbkit.exercises._core import exercise
+from zbkit.exercises._core import as_names, block_analysis, exercise, is_count
 from zbkit.splitgrad import SplitGradAnalysis, analyze
-
-
-def as_names(answer: Any) -> set[str] | None:
-    """A set, list or tuple of strings (or one string) as lower-case names; None if not."""
-    items = [answer] if isinstance(answer, str) else answer
-    if not isinstance(items, set | frozenset | list | tuple):
-        return None
-    if not all(isinstance(s, str) for s in items):
-        return None
-    return {s.strip().lower() for s in items}
 
 
 def op_name(label: str) -> str:
     """'TanhBackward0#1' -> 'tanhbackward0': torch's name, without the number analyze adds."""
     return label.split("#")[0].lower()
-
-
-def is_count(answer: Any) -> bool:
-    return isinstance(answer, int) and not isinstance(answer, bool)
 
 
 def _closure(a: SplitGradAnalysis) -> set[str]:
@@ -140,27 +125,6 @@ def first_stage_closure(answer: Any) -> tuple[bool, str]:
     if answer == len(plain.input_closure):
         return False, f"{answer} is the closure while x requires grad; the walk starts at x's node"
     return False, "the closure starts at the input's node and follows its users: is there one?"
-
-
-def block_analysis() -> tuple[nn.Module, SplitGradAnalysis]:
-    """Notebooks 01 and 02's transformer block and its analysis (the learner's random stream
-    left as it was)."""
-    from zbkit.models import TransformerBlock
-
-    with torch.random.fork_rng(devices=[]):
-        block = TransformerBlock(dim=16, heads=2)
-        h = torch.randn(2, 5, 16, requires_grad=True)  # (batch, tokens, dim)
-        return block, analyze(block(h), h, block)
-
-
-def schedule_name(answer: Any, choices: Sequence[str], which: str) -> tuple[str | None, str]:
-    """(the answer as one of `choices`, "") or (None, why not): names are read loosely."""
-    if not isinstance(answer, str):
-        return None, f"give a schedule's name such as 'zb-h1', got {answer!r}"
-    name = answer.strip().lower()
-    if name not in choices:
-        return None, f"{answer!r} is not one of {which}: {', '.join(choices)}"
-    return name, ""
 
 
 @exercise("01.4", "the set of op names W runs that I never runs, apart from the parameters")

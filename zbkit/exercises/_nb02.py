@@ -16,8 +16,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import as_names, block_analysis, is_count
+from zbkit.exercises._core import as_names, block_analysis, exercise, is_count
 from zbkit.splitgrad import (
     build_reverse_graph,
     grad_node,

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import is_count, schedule_name
+from zbkit.exercises._core import exercise, is_count, is_number, schedule_name
 from zbkit.schedules import Costs, Schedule, build_schedule, formulas, simulate
 from zbkit.schedules.paper import TABLE6
 
@@ -26,10 +25,6 @@ def hops(schedule: Schedule) -> int:
     """Rank-to-rank messages one microbatch's forward makes (its backward makes as many)."""
     s2r = schedule.stage_to_rank
     return sum(a != b for a, b in zip(s2r, s2r[1:], strict=False))
-
-
-def is_number(answer: Any) -> bool:
-    return isinstance(answer, int | float) and not isinstance(answer, bool)
 
 
 def _rate(name: str, pp: int, m: int, costs: Costs = UNIT, **options: Any) -> float:

@@ -7,22 +7,14 @@ costs are the notebook's: p = 4, m = 8, memory in rank-microbatches (`MEMORY_UNI
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import is_count
+from zbkit.exercises._core import exercise, is_count, is_number
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
 
 P, M = 4, 8  # the notebook's pipeline
 EQUAL = Costs(F=1, I=1, W=1, mem_activation=1.0, mem_weight=0.3)  # its first costs
 SWEEP = Costs(F=1, I=1, W=0.5, mem_activation=1.0, mem_weight=0.3)  # the sweep's
-
-
-def is_number(answer: Any) -> bool:
-    return (
-        isinstance(answer, int | float) and not isinstance(answer, bool) and math.isfinite(answer)
-    )
 
 
 def as_numbers(answer: Any) -> list[float] | None:

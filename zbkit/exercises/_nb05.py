@@ -18,18 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import as_names, schedule_name
+from zbkit.exercises._core import as_names, exercise, is_number, schedule_name
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
 
 P, M = 4, 8  # the notebook's ranks and microbatches per step
 T = 0.020  # seconds per F, I and W of a rank's share, as the notebook's synthetic stages
 RACED = ("1f1b", "zb-h1", "zb-h2", "zb-v")  # the notebook's timed schedules
 TIE = 1e-9  # simulated times are sums of floats: closer than this is a tie
-
-
-def is_number(answer: Any) -> bool:
-    return isinstance(answer, int | float) and not isinstance(answer, bool)
 
 
 def speedups(costs: Costs) -> dict[str, float]:

@@ -14,8 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import is_count
+from zbkit.exercises._core import exercise, is_count
 from zbkit.parallel import create_backend
 
 BATCHES = 10  # micro-batches per rank per epoch, as in the notebook

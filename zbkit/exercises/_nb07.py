@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import as_names
+from zbkit.exercises._core import as_names, exercise
 from zbkit.schedules import (
     KINDS,
     Action,

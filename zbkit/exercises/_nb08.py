@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zbkit.exercises._core import exercise
-from zbkit.exercises._nb01 import is_count
+from zbkit.exercises._core import exercise, is_count
 from zbkit.schedules import Action, Costs, Schedule, compare_with_torch, derive_plan, simulate
 from zbkit.schedules.core.plan import CommOp
 
