@@ -40,7 +40,6 @@ from torch.distributed.pipelining import _backward as torch_backward
 from torch.distributed.pipelining import stage as torch_stage
 
 from zbkit import splitgrad
-from zbkit.splitgrad._backward import NO_GRAPH, output_roots
 
 __all__ = [
     "ExactParamGroups",
@@ -98,10 +97,11 @@ def stage_backward_input(
         ]
         if outputs and all(g is None for g in output_grads):  # torch's backward refuses it
             raise RuntimeError(
-                f"the loss does not require grad, so this step would train nothing; {NO_GRAPH}"
+                "the loss does not require grad, so this step would train nothing; "
+                + splitgrad.NO_GRAPH
             )
     # like torch: an output that carries no graph (or no gradient) takes no part
-    roots, grads = output_roots(outputs, output_grads)
+    roots, grads = splitgrad.output_roots(outputs, output_grads)
     tensor_at = [k for k, v in enumerate(input_values) if isinstance(v, torch.Tensor)]
     params = [w for w in weights if w.requires_grad]  # a frozen parameter gets no gradient
     tensors = [input_values[k] for k in tensor_at]

@@ -33,7 +33,6 @@ from zbkit import splitgrad
 from zbkit.pipeline import _forms
 from zbkit.pipeline._forms import Tensors
 from zbkit.pipeline._saved import count_saved, signature
-from zbkit.splitgrad._backward import NO_GRAPH, output_roots
 
 Message = dict[str, torch.Tensor | None]  # what travels: a None keeps its place in a tuple
 
@@ -220,7 +219,7 @@ class PipelineStage:
             mode = " (grad mode is off here: the step runs under torch.no_grad())"
             raise StageError(
                 f"{self._name(microbatch)}: the loss does not require grad, so this step "
-                f"would train nothing; {NO_GRAPH}"
+                f"would train nothing; {splitgrad.NO_GRAPH}"
                 f"{mode if not torch.is_grad_enabled() else ''}"
             )
         self._take_activation(microbatch, "set_loss", pop=False).loss = loss
@@ -343,7 +342,9 @@ class PipelineStage:
             )
         names = list(act.outputs)  # the next stage did not differentiate through some
         try:
-            return output_roots(list(act.outputs.values()), [grads.get(n) for n in names], names)
+            return splitgrad.output_roots(
+                list(act.outputs.values()), [grads.get(n) for n in names], names
+            )
         except ValueError as exc:  # a gradient of the wrong shape, named
             raise StageError(f"{self._name(microbatch)}: {exc}") from None
 

@@ -9,7 +9,9 @@ structure). See docs/architecture.md, section splitgrad.
 
 from zbkit._public import public_dir
 from zbkit.splitgrad._backward import (
+    NO_GRAPH,
     BackwardInputResult,
+    output_roots,
     stage_backward_full,
     stage_backward_input,
 )
@@ -25,6 +27,7 @@ from zbkit.splitgrad.analysis import SplitGradAnalysis, analyze
 
 __all__ = [
     "BackwardInputResult",
+    "NO_GRAPH",
     "GradDirection",
     "ParamGroup",
     "PendingWeight",
@@ -39,6 +42,7 @@ __all__ = [
     "group_params",
     "needs_direction",
     "opaque_node",
+    "output_roots",
     "reference_weight_pass",
     "reverse_closure",
     "stage_backward_full",
