@@ -17,7 +17,7 @@ from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
 from zbkit.schedules.optimum import bounds
 from zbkit.schedules.search.auto import CANDIDATES, Problem
 from zbkit.schedules.named.fixed import zb_v as zb_v_construction
-from zbkit.schedules.search.greedy import Moves, greedy
+from zbkit.schedules.search.greedy import Moves, Waits, greedy
 from zbkit.schedules.search.heuristic import heuristic, sweep
 from zbkit.schedules.search.candidates import EXACT_MAX_ACTIONS, _exact
 from zbkit.schedules.search.refine import defer_late_ws
@@ -220,7 +220,7 @@ def test_zb_auto_at_any_limit_is_the_best_of_its_candidates():
                                        memory_limit=limit), costs)  # fmt: skip
         assert max(auto.peak_memory) <= limit + 1e-9
         others = [
-            Schedule(greedy(list(range(p)), m, [costs] * p, limit, fill, hold), list(range(p)), m)
+            Schedule(greedy(list(range(p)), m, [costs] * p, limit, Waits(fill, hold)), list(range(p)), m)
             for fill in (0.0, 0.5)
             for hold in (0.0, 0.5)
         ]
@@ -251,9 +251,9 @@ def test_explain_auto_rows_are_what_simulate_measures(placement):
             too_large = 3 * len(problem.stage_to_rank) * m > EXACT_MAX_ACTIONS
             if t.note.startswith("cannot build") or (t.candidate.build is _exact and too_large):
                 with pytest.raises(ValueError):  # built alone, it refuses the same way
-                    t.candidate.build(problem)
+                    t.candidate.built(problem).program
                 continue
-            one = Schedule(t.candidate.build(problem), problem.stage_to_rank, m)
+            one = Schedule(t.candidate.built(problem).program, problem.stage_to_rank, m)
             sim = simulate(one, costs)
             if t.note.startswith(("not run: ", "stopped: slower than ")):
                 # skipped, or given up half-way: built alone it is no faster than the winner
@@ -327,7 +327,7 @@ def test_no_candidate_beats_the_lower_bound():
         programs = []
         for candidate in CANDIDATES[placement]:
             try:
-                programs.append(candidate.build(problem))
+                programs.append(candidate.built(problem).program)
             except ValueError:
                 continue
         if placement == "linear":
@@ -356,7 +356,7 @@ def test_zb_auto_stops_when_a_hand_written_candidate_reaches_the_bound(placement
                       placement)  # fmt: skip
     for t in skipped:
         try:
-            program = t.candidate.build(problem)
+            program = t.candidate.built(problem).program
         except ValueError:
             continue
         sim = simulate(Schedule(program, problem.stage_to_rank, m), costs)
@@ -381,11 +381,11 @@ def test_greedy_gives_up_exactly_when_it_would_end_slower():
     for _ in range(12):
         where, m, c = _random_greedy_setting(rng)
         limit, fill, hold = 2.0 * len(where), rng.choice([0.0, 0.5]), rng.choice([0.0, 1.0])
-        program = greedy(where, m, [c] * len(where), limit, fill, hold)
+        program = greedy(where, m, [c] * len(where), limit, Waits(fill, hold))
         span = max(simulate(Schedule(program, where, m), [c] * len(where)).span)
-        assert greedy(where, m, [c] * len(where), limit, fill, hold, give_up=span) == program
+        assert greedy(where, m, [c] * len(where), limit, Waits(fill, hold), give_up=span) == program
         with pytest.raises(Slower):
-            greedy(where, m, [c] * len(where), limit, fill, hold, give_up=span - 1e-3)
+            greedy(where, m, [c] * len(where), limit, Waits(fill, hold), give_up=span - 1e-3)
 
 
 def test_greedy_variants_its_moves_cover_move_the_same():
@@ -408,16 +408,17 @@ def test_greedy_variants_its_moves_cover_move_the_same():
         where, m, one = _random_greedy_setting(rng)
         c = [one] * len(where)
         limit = rng.choice([1.0, 1.5, 2.0]) * len(where)
-        fill, hold, defer, lead, feed = run = rng.choice(variants)
-        full = greedy(where, m, c, limit, fill, hold, defer=defer, lead=lead, feed=feed)
+        run = rng.choice(variants)
+        fill, hold, defer, lead, feed = run
+        full = greedy(where, m, c, limit, Waits(*run))
         give_up = rng.choice([math.inf, 0.9 * max(simulate(Schedule(full, where, m), c).span)])
         moves = Moves()
         try:
-            result = greedy(where, m, c, limit, fill, hold, give_up, moves, defer, lead, feed)
+            result = greedy(where, m, c, limit, Waits(*run), give_up=give_up, moves=moves)
         except Slower as err:
             result = str(err)
         for other in variants:
-            if other == run or not moves.covers(*other):
+            if other == run or not moves.covers(Waits(*other)):
                 continue
             covered += 1
             v = len(where) > max(where) + 1
@@ -425,7 +426,7 @@ def test_greedy_variants_its_moves_cover_move_the_same():
             led += other[3] != lead and v
             fed += other[4] != feed
             try:
-                again = greedy(where, m, c, limit, *other[:2], give_up, None, *other[2:])
+                again = greedy(where, m, c, limit, Waits(*other), give_up=give_up)
             except Slower as err:
                 again = str(err)
             assert again == result, (run, other)
@@ -442,7 +443,7 @@ def test_defer_waits_for_the_second_chunk_and_zb_auto_keeps_it_where_it_is_faste
     where, per = [0, 1, 2, 2, 1, 0], [costs.share(2)] * 6
     spans = {}
     for defer in (0.0, 0.5):
-        program = greedy(where, 6, per, 2.7, 1.0, 0.0, defer=defer)
+        program = greedy(where, 6, per, 2.7, Waits(1.0, 0.0, defer=defer))
         sim = simulate(Schedule(program, where, 6), per)
         assert max(sim.peak_memory) <= 2.7 + 1e-9
         spans[defer] = max(sim.span)
@@ -464,7 +465,7 @@ def test_lead_caps_the_first_chunk_and_gains_where_memory_is_tight():
     where, per = [0, 1, 2, 3, 3, 2, 1, 0], [costs.share(2)] * 8
     spans = {}
     for lead in (1.5, math.inf):
-        program = greedy(where, m, per, limit, 1.0, 0.0, lead=lead)
+        program = greedy(where, m, per, limit, Waits(1.0, 0.0, lead=lead))
         sim = simulate(Schedule(program, where, m), per)
         assert max(sim.peak_memory) <= limit + 1e-9
         spans[lead] = max(sim.span)
@@ -566,7 +567,7 @@ def test_a_candidate_bug_surfaces_instead_of_being_skipped(monkeypatch):
 
     from zbkit.schedules import Action
 
-    def buggy(problem):  # stages that do not exist: timing them raises KeyError
+    def buggy(problem, so_far):  # stages that do not exist: timing them raises KeyError
         return {r: [Action(r + 40, "F", 0)] for r in range(problem.pp)}
 
     candidates = list(CANDIDATES["linear"])
@@ -589,8 +590,7 @@ def test_zb_auto_v_skipping_repeated_greedy_moves_changes_nothing():
     where = Problem(p, m, [costs] * 2 * p, 2.0 * p, "v").stage_to_rank
     for t in skipped:
         waits = {k: float(v) for k, v in (w.split("=") for w in t.candidate.name.split()[1:])}
-        fill, hold = waits.pop("fill"), waits.pop("hold")
-        program = greedy(where, m, [costs] * 2 * p, 2.0 * p, fill, hold, **waits)
+        program = greedy(where, m, [costs] * 2 * p, 2.0 * p, Waits(**waits))
         span = max(simulate(Schedule(program, where, m), costs).span)
         assert span >= kept - 1e-9, t.candidate.name
 

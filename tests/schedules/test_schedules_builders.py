@@ -117,11 +117,18 @@ def test_a_records_torch_class_round_trips_through_from_torch(name):
 
 
 def test_frontier_styles_are_unique_and_every_schedule_has_one():
-    styles = [s for r in RECORDS.values() for s in (r.style, *r.curves.values()) if s]
-    assert len(styles) == len(set(styles))
-    assert all(r.style or r.curves for r in RECORDS.values())
-    with pytest.raises(ValueError, match="frontier style .* is already 'gpipe'"):
-        register(replace(RECORDS["gpipe"], name="grey-again", torch=()))
+    pytest.importorskip("matplotlib")
+    from zbkit.viz.frontier import STYLES
+
+    assert len(set(STYLES.values())) == len(STYLES)
+    points = [r.name for r in RECORDS.values() if not r.placements]
+    curves = [f"{r.name} ({p})" for r in RECORDS.values() for p in r.placements]
+    assert sorted(STYLES) == sorted(points + curves)
+
+
+def test_a_torch_class_belongs_to_one_record():
+    with pytest.raises(ValueError, match="torch's ScheduleGPipe is already 'gpipe'"):
+        register(replace(RECORDS["gpipe"], name="grey-again"))
     assert "grey-again" not in SCHEDULES
 
 
@@ -272,16 +279,14 @@ def test_cli_zb_auto_and_zb_v_name_the_candidate_they_kept(capsys):
 @pytest.fixture
 def toy():
     """GPipe under another name: a record and a tiny builder, registered for one test."""
-    from zbkit.schedules.catalog import ScheduleRecord, Style
+    from zbkit.schedules.catalog import ScheduleRecord
 
     def gpipe_again(pp: int, m: int, name: str):
         schedule = build_schedule("gpipe", pp=pp, microbatches=m)
         schedule.name = name
         return schedule
 
-    record = ScheduleRecord(
-        "gpipe-again", gpipe_again, "GPipe, registered by a test", style=Style("#000000", "8")
-    )
+    record = ScheduleRecord("gpipe-again", gpipe_again, "GPipe, registered by a test")
     register(record)
     try:
         yield record

@@ -259,7 +259,7 @@ def test_the_warm_start_is_the_solvers_first_incumbent() -> None:
     costs = Costs(1, 1.5, 0.5, comm=0.2)
     per = per_stage(costs, [0, 1])
     construction = next(c for c in CANDIDATES["linear"] if c.name == "construction")
-    start = Schedule(construction.build(Problem(2, 8, per, 3.0, "linear")), [0, 1], 8)
+    start = Schedule(construction.built(Problem(2, 8, per, 3.0, "linear")).program, [0, 1], 8)
     assert max(simulate(start, costs).span) == pytest.approx(24.9)
     found = prove([0, 1], 8, per, 3.0, "linear", warm=start, work=1e-4)
     assert found.value <= 24.9 + 1e-9
