@@ -36,7 +36,7 @@ closed forms fell to 78% of the optimum, the walk keeps 92.5% (`benchmarks/exact
 
 from __future__ import annotations
 
-from zbkit.schedules.core.costs import TOL, Costs
+from zbkit.schedules.core.costs import TOL, Costs, beyond
 from zbkit.schedules.optimum.walk import CHAINS_MAX_ACTIONS, chains
 
 
@@ -156,6 +156,6 @@ def gap_line(span: float, bound: float | None) -> str:
     """'optimal' or '<= 3.1% above optimal' for a longest rank span against its bound."""
     if bound is None:
         return "no certified bound (overlapped pairs save time the bounds do not count)"
-    if span <= bound * (1 + 1e-9) + 1e-12:
+    if span <= beyond(bound):
         return f"optimal (it reaches the lower bound {bound:.6g})"
     return f"<= {(span - bound) / span:.1%} above optimal (lower bound {bound:.6g})"

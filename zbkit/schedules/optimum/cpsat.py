@@ -14,9 +14,13 @@ from __future__ import annotations
 import math
 
 from zbkit.schedules.core.action import PARTS, Action
-from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.core.costs import TOL, Costs
 from zbkit.schedules.core.schedule import Schedule
 from zbkit.schedules.sim.simulate import Simulation
+
+# the solver works on whole multiples of a time unit (`scale`): a value within this fraction
+# of its bound is proven optimal (coarser than `TOL`: the units round real costs down)
+SOLVER_GAP = 1e-6
 
 
 class Model:
@@ -101,10 +105,10 @@ def warm_value(warm: Schedule, sim: Simulation, objective: str, model: Model, li
     or over the limit."""
     if {(e.stage, e.kind, e.microbatch) for e in sim.events} != set(model.actions):
         return None
-    if max(sim.peak_memory) > limit + 1e-9 or not in_order(warm):
+    if max(sim.peak_memory) > limit + TOL or not in_order(warm):
         return None  # not one of the schedules solved over: it may beat their optimum
     value = value_of(sim, objective)
-    return value + 1e-6 * max(1.0, value)
+    return value + SOLVER_GAP * max(1.0, value)
 
 
 def in_order(schedule: Schedule) -> bool:
@@ -133,7 +137,7 @@ def scale(values: list[float], most: int = 10**6) -> tuple[int, bool]:
     (`most`, False) where none does (the values are then rounded: a relaxation)."""
     s = 1
     while s <= most:
-        if all(abs(v * s - round(v * s)) <= 1e-9 * max(1.0, v * s) for v in values):
+        if all(abs(v * s - round(v * s)) <= TOL * max(1.0, v * s) for v in values):
             return s, True
         s *= 10
     return most, False
@@ -168,7 +172,7 @@ class Built:
             boxes = [cp.new_fixed_size_interval_var(self.start[a], dur[a], f"i{a}") for a in acts]
             cp.add_no_overlap(boxes)
             slack = 0 if mem_exact else len(acts)  # rounding: every real order still fits
-            most = math.floor(limit * mem + 1e-9 * max(1.0, limit * mem)) + slack
+            most = math.floor(limit * mem + TOL * max(1.0, limit * mem)) + slack
             cp.add_reservoir_constraint(
                 [self.start[a] for a in acts], [held[a] for a in acts],
                 -sum(abs(held[a]) for a in acts), most,
@@ -179,7 +183,7 @@ class Built:
             zero = pin[r] if objective == "span" else 0
             cp.add(self.goal >= self.start[a] + dur[a] - zero)
         # a valid cut the search would otherwise have to prove: the instant lower bound
-        cp.add(self.goal >= min(top, math.floor(floor * self.unit * (1 - 1e-9))))
+        cp.add(self.goal >= min(top, math.floor(floor * self.unit * (1 - TOL))))
         cp.minimize(self.goal)
 
     def hint(self, model: Model, sim: Simulation) -> None:

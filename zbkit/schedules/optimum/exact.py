@@ -34,11 +34,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from zbkit.schedules.core.costs import Costs, least_peak, one_f_one_b_peak, per_stage
+from zbkit.schedules.core.costs import TOL, Costs, least_peak, one_f_one_b_peak, per_stage
 from zbkit.schedules.core.placement import stage_to_rank
 from zbkit.schedules.core.schedule import Proof, Schedule
 from zbkit.schedules.optimum import bounds, cpsat
 from zbkit.schedules.optimum.bounds import gap_line
+from zbkit.schedules.optimum.cpsat import SOLVER_GAP
 from zbkit.schedules.sim.simulate import Simulation, simulate
 
 __all__ = ["Solution", "bound_for", "cp_sat", "gap_line", "lower_bound", "prove", "setting"]
@@ -110,7 +111,7 @@ def setting(
     if not isinstance(memory_limit, int | float) or isinstance(memory_limit, bool):
         raise ValueError(f"{who}: memory_limit must be a number, got {memory_limit!r}")
     least = least_peak(where, per)
-    if memory_limit < least - 1e-9:
+    if memory_limit < least - TOL:
         raise ValueError(
             f"{who}: memory_limit={memory_limit:g} is below what any order holds: a rank "
             f"holds one microbatch's activations of all its stages at once ({least:g}); "
@@ -175,7 +176,7 @@ def prove(
     cp_sat()
     pp = max(where) + 1
     model = cpsat.Model(where, m, per)
-    if max(model.delta) > limit + 1e-9:  # one forward alone is over the limit
+    if max(model.delta) > limit + TOL:  # one forward alone is over the limit
         raise ValueError(f"solve: memory_limit={limit:g} is below what any order holds")
     floor = bounds.lower_bound(where, m, per, limit, placement)
     # the warm start, where it is one of the orders solved over: its value caps the goal,
@@ -209,13 +210,13 @@ def prove(
     if name in ("OPTIMAL", "FEASIBLE"):
         best = cpsat.schedule_of(model, [solver.value(x) for x in built.start], m)
         value = cpsat.value_of(simulate(best, per), objective)
-    if kept is not None and cpsat.value_of(kept[1], objective) < value - 1e-12:
+    if kept is not None and cpsat.value_of(kept[1], objective) < value - TOL:
         program = {r: list(kept[0].actions(r)) for r in kept[0].program}
         best = Schedule(program, list(where), m, "zb-opt")
         value = cpsat.value_of(kept[1], objective)
     assert best is not None
     bound = min(value, max(bound, floor))
-    tol = 1e-6 * max(1.0, value)
+    tol = SOLVER_GAP * max(1.0, value)
     if objective == "span":  # the bound is on the longest rank span: `bound_for`'s question
         best = replace(best, proof=Proof.of(best.program, per, limit, bound))
     return Solution(best, objective, value, bound, value - bound <= tol, seconds)

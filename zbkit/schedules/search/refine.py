@@ -161,7 +161,7 @@ def _warmups(p: int, m: int, costs: list[Costs], limit: float) -> list[list[int]
     for s in reversed(range(p)):
         i_start[s] = t + (costs[s].comm if s < p - 1 else 0.0)
         t = i_start[s] + costs[s].duration("I")
-    fits = [(i_start[r] - f_start[r]) / max(costs[r].duration("F"), 1e-12) for r in range(p)]
+    fits = [(i_start[r] - f_start[r]) / max(costs[r].duration("F"), TOL) for r in range(p)]
     shapes = [
         [p - r for r in range(p)],  # 1F1B's (and ZB-H1's): p - r
         [2 * (p - r) - 1 for r in range(p)],  # ZB-H2's: 2(p - r) - 1
