@@ -12,13 +12,14 @@ import re
 
 import torch
 from notebook_cells import cell_outputs, cell_source, next_cell, read_cells
+from palette import graph_colours
 
 from zbkit.models import TransformerBlock
 from zbkit.splitgrad import analyze
-from zbkit.viz._colors import KIND_COLORS, SPLIT_COLOR
 from zbkit.viz.graph import output_shapes
 
-TEAL, GREEN = KIND_COLORS["I"], KIND_COLORS["W"]
+# what I and W run in, and a split point's border, as draw_graph's legend shows them
+TEAL, GREEN, SPLIT_COLOR = (graph_colours()[k] for k in ("I", "W", "split"))
 
 
 def _svgs(name: str) -> list[tuple[int, str]]:

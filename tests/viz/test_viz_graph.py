@@ -1,7 +1,8 @@
 """draw_graph: what the picture contains, that it is reproducible, and the no-`dot` path.
 
 The oracle is the analysis itself and autograd's own graph: every node autograd built is drawn
-once, every ParamGroup is one cluster, every intermediate is marked, nothing else.
+once, every ParamGroup is one cluster, every intermediate is marked, nothing else; a colour
+means what the drawing's own legend says it means (`palette.py`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import re
 
 import pytest
 import torch
+from palette import attr, graph_colours, legend_entry
 from torch import nn
 
 from zbkit.splitgrad import analyze
 from zbkit.viz import draw_graph
-from zbkit.viz._colors import KIND_COLORS, SPLIT_COLOR
+
+COLOURS = graph_colours()  # F, I, W, split and dim, as the legends show them
 
 
 class Block(nn.Module):
@@ -76,12 +79,14 @@ def test_every_node_edge_group_and_split_point_is_drawn_once():
     for info in analysis.groups:
         assert f"group {info.index}: {info.param_names[0]}" in src
     # split points: exactly the analysis' intermediates, all in the input closure
-    split = [nid for nid, attrs in nodes if f'color="{SPLIT_COLOR}"' in attrs]
+    split = [nid for nid, attrs in nodes if f'color="{COLOURS["split"]}"' in attrs]
     assert len(split) == sum(len(g.group.intermediates) for g in analysis.groups) == 7
     closure_ops = [n for n in analysis.input_closure if not analysis.labels[n].startswith("input[")]
-    shaded = [nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["I"]}"' in attrs]
+    shaded = [nid for nid, attrs in nodes if f'fillcolor="{COLOURS["I"]}"' in attrs]
     assert len(shaded) == len(closure_ops)
-    assert "legend" in src
+    # the marks mean what this drawing's legend says
+    assert attr(legend_entry(src, "legend_split"), "color") == COLOURS["split"]
+    assert attr(legend_entry(src, "legend_i"), "fillcolor") == COLOURS["I"]
 
 
 def test_same_model_draws_identical_svg_and_outputs_path_matches_analysis_path():
@@ -102,15 +107,15 @@ def test_phases_and_highlight_colour_what_each_pass_runs():
     closure_ids = {
         nid
         for nid, attrs in _node_lines(draw_graph(analysis).source)
-        if f'fillcolor="{KIND_COLORS["I"]}"' in attrs
+        if f'fillcolor="{COLOURS["I"]}"' in attrs
     }
-    i_nodes = {nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["I"]}"' in attrs}
-    w_nodes = {nid for nid, attrs in nodes if f'fillcolor="{KIND_COLORS["W"]}"' in attrs}
+    i_nodes = {nid for nid, attrs in nodes if f'fillcolor="{COLOURS["I"]}"' in attrs}
+    w_nodes = {nid for nid, attrs in nodes if f'fillcolor="{COLOURS["W"]}"' in attrs}
     assert i_nodes == closure_ids and w_nodes and not (i_nodes & w_nodes)
     # highlighting I: only I's nodes keep their colour, the W nodes are dimmed
     lit = _node_lines(draw_graph(analysis, highlight="I").source)
-    assert {nid for nid, a in lit if KIND_COLORS["I"] in a} == i_nodes
-    assert not any(KIND_COLORS["W"] in a for _, a in lit)
+    assert {nid for nid, a in lit if COLOURS["I"] in a} == i_nodes
+    assert not any(COLOURS["W"] in a for _, a in lit)
     with pytest.raises(ValueError, match="highlight"):
         draw_graph(analysis, highlight="B")
 
@@ -120,7 +125,7 @@ def test_group_highlight_and_bad_inputs():
     src = draw_graph(analysis, group=1).source
     chosen = re.search(r"subgraph cluster_group1 \{(.*?)\}", src, flags=re.S).group(1)
     other = re.search(r"subgraph cluster_group0 \{(.*?)\}", src, flags=re.S).group(1)
-    assert "penwidth=2" in chosen and "#f7f7f7" in other  # chosen outlined, others dimmed
+    assert "penwidth=2" in chosen and COLOURS["dim"] in other  # chosen outlined, others dimmed
     with pytest.raises(ValueError, match="valid: 0..3"):
         draw_graph(analysis, group=9)
     with pytest.raises(TypeError, match="SplitGradAnalysis"):
@@ -202,13 +207,13 @@ def test_phases_legend_matches_the_colours_and_names_mixed_module_boxes():
     _, _, _, analysis = _stage(layers=2)
     src = draw_graph(analysis, phases=True).source
     nodes = dict(_node_lines(src))
-    legend_param = re.search(r"legend_param \[(.*?)\]$", src, flags=re.M | re.S).group(1)
+    legend_param = legend_entry(src, "legend_param")
     # parameters are drawn green (their .grad is made in W), and so is the legend's swatch
     param_fills = {
         re.search(r'fillcolor="([^"]+)"', a).group(1) for a in nodes.values() if ".weight" in a
     }
-    assert param_fills == {KIND_COLORS["W"]}
-    assert f'fillcolor="{KIND_COLORS["W"]}"' in legend_param
+    assert param_fills == {COLOURS["W"]}
+    assert f'fillcolor="{COLOURS["W"]}"' in legend_param
     assert "legend_mixed" not in src  # nothing collapsed: no module-box entry
     # collapsed, each layer runs in both passes: a white box, its text over an I|W bar (no
     # stripe through the words), and the legend shows the same bar
@@ -216,9 +221,9 @@ def test_phases_legend_matches_the_colours_and_names_mixed_module_boxes():
     box = _box(collapsed, "layers.0")
     assert "striped" not in box and "fillcolor=white" in box
     bar = re.search(r"<TR>(<TD BGCOLOR.*?)</TR>", box).group(1)
-    assert re.findall(r'BGCOLOR="([^"]+)"', bar) == [KIND_COLORS["I"], KIND_COLORS["W"]]
-    key = re.search(r"legend_mixed \[(.*?)\]$", collapsed, flags=re.M | re.S).group(1)
-    assert "ops of I and W" in key and KIND_COLORS["I"] in key and KIND_COLORS["W"] in key
+    assert re.findall(r'BGCOLOR="([^"]+)"', bar) == [COLOURS["I"], COLOURS["W"]]
+    key = legend_entry(collapsed, "legend_mixed")
+    assert "ops of I and W" in key and COLOURS["I"] in key and COLOURS["W"] in key
     # without phases the parameters stay yellow, and so does the legend's swatch
     plain = draw_graph(analysis).source
     assert 'legend_param [label=parameter fillcolor="#fff4c2"' in plain
@@ -255,6 +260,6 @@ def test_the_input_closure_has_one_colour_with_or_without_phases():
             for a in nodes.values()
             if re.match(r'label="?([^"\n]+)', a).group(1) in closure and "input[" not in a
         }
-    assert list(fills.values()) == [{KIND_COLORS["I"]}] * 3, fills
-    key = re.search(r"legend_i \[(.*?)\]$", draw_graph(analysis).source, flags=re.M | re.S)
-    assert "input closure" in key.group(1) and KIND_COLORS["I"] in key.group(1)
+    assert list(fills.values()) == [{COLOURS["I"]}] * 3, fills
+    key = legend_entry(draw_graph(analysis).source, "legend_i")
+    assert "input closure" in key and attr(key, "fillcolor") == COLOURS["I"]

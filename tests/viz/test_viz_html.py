@@ -1,7 +1,7 @@
 """Rich displays: Schedule / Simulation / Trace as an HTML grid, kinds coloured, numbers shown.
 
-Oracles: the schedule's own programs (every action in one cell, once) and the simulation's or
-trace's own numbers.
+Oracles: the schedule's own programs (every action in one cell, once), the simulation's or
+trace's own numbers, and the colours the graph's legend gives each kind (`palette.py`).
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ import re
 from collections import Counter
 
 import torch
+from palette import graph_colours
 from torch import nn
 
 from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, build_schedule, simulate
-from zbkit.viz._colors import KIND_COLORS
-from zbkit.viz._html import schedule_html, simulation_html, trace_html
 
 
 class _Stage(nn.Module):
@@ -36,13 +35,13 @@ def test_every_action_once_coloured_by_kind_and_the_numbers_are_the_simulations(
     schedule = build_schedule("zb-v", pp=4, microbatches=8)
     sim = simulate(schedule, Costs(1, 1, 1))
     page = sim._repr_html_()
-    assert page == simulation_html(sim)
     actions = [str(a) for r in range(4) for a in schedule.program[r]]
     cells = _cells(page)
     assert Counter(text for _, text in cells) == Counter(actions)  # each once
     assert len(set(actions)) == len(actions)
+    colours = graph_colours()  # F, I, W: one palette for graphs and schedules
     for style, text in cells:
-        assert KIND_COLORS[text[1]] in style  # 0F3: the kind is the letter after the stage
+        assert colours[text[1]] in style  # 0F3: the kind is the letter after the stage
     assert f"bubble rate <b>{sim.bubble_rate:.2%}</b>" in page
     assert f"makespan <b>{sim.makespan:.4g}</b>" in page
     peaks = ", ".join(f"{p:.4g}" for p in sim.peak_memory)
@@ -53,7 +52,7 @@ def test_every_action_once_coloured_by_kind_and_the_numbers_are_the_simulations(
         texts = [t for _, t in _cells(row)]
         assert texts == [str(a) for a in schedule.program[int(rank)]]
     # the schedule alone: the same grid, no numbers
-    alone = schedule_html(schedule)
+    alone = schedule._repr_html_()
     assert Counter(t for _, t in _cells(alone)) == Counter(actions)
     assert "zb-v" in alone and "bubble" not in alone
 
@@ -66,15 +65,19 @@ def test_a_measured_trace_shows_what_each_rank_ran_and_its_numbers():
     pipe.step({"x": torch.randn(8, 3)}, torch.randn(8, 3))
     trace = pipe.trace
     page = trace._repr_html_()
-    assert page == trace_html(trace)
     assert Counter(t for _, t in _cells(page)) == Counter(e.label for e in trace.events)
     assert f"bubble rate <b>{trace.bubble_rate:.2%}</b>" in page
     assert f"makespan <b>{trace.makespan:.4g} s</b>" in page
 
 
 def test_a_long_program_is_cut_and_says_how_much_is_left():
-    from zbkit.viz._html import MAX_STEPS
-
     sim = simulate(build_schedule("1f1b", pp=2, microbatches=100), Costs())
-    page = simulation_html(sim)
-    assert f"+{2 * 100 - MAX_STEPS} more" in page  # F and B per microbatch on each rank
+    page = sim._repr_html_()
+    rows = dict(re.findall(r"<tr><th[^>]*>rank (\d+)</th>(.*?)</tr>", page))
+    for rank, row in rows.items():
+        *shown, last = [t for _, t in _cells(row)]
+        # the first actions of the rank's program, in order, then how many are left out
+        assert 0 < len(shown) < 2 * 100  # F and B per microbatch on each rank
+        assert shown == [str(a) for a in sim.schedule.program[int(rank)][: len(shown)]]
+        assert last == f"+{2 * 100 - len(shown)} more"
+    assert len(rows) == 2

@@ -1,8 +1,8 @@
 """plot_schedule / plot_memory: boxes = actions, numbers = the simulation's, closed forms agree.
 
 Oracles: the schedule's own program (one box per action, by kind), closed forms (1F1B holds
-min(p - r, m) activations on rank r; a hand-made trace's bubble rate), and byte equality of
-two renders.
+min(p - r, m) activations on rank r; a hand-made trace's bubble rate), byte equality of
+two renders, and the figure's own legend for what each colour means (`palette.py`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,33 @@ import matplotlib
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
-from matplotlib.offsetbox import HPacker, TextArea
-from matplotlib.patches import Rectangle
+from palette import graph_colours, kind_swatches, legend_swatches
 
 from zbkit.schedules import Costs, build_schedule, simulate
 from zbkit.viz import plot_memory, plot_schedule
-from zbkit.viz._colors import KIND_COLORS, KIND_DARK_COLORS, chunk_color
 
 
 def _collection(fig, gid):
     return next(c for c in fig.axes[0].collections if c.get_gid() == gid)
+
+
+def _legend_fill(fig):
+    """(kind, chunk) -> the colour the figure's legend gives it: the chunk's swatch for the
+    kind where the legend lists chunks (their swatches in the kinds' order), else the kind's."""
+    kinds = kind_swatches(fig)
+    chunks = {
+        int(re.match(r"chunk (\d+):", text)[1]): colours
+        for text, colours in legend_swatches(fig).items()
+        if text.startswith("chunk ")
+    }
+
+    def fill(kind: str, chunk: int) -> str:
+        if not chunks:
+            assert chunk == 0, "several chunks drawn, none in the legend"
+            return kinds[kind]
+        return chunks[chunk][list(kinds).index(kind)]
+
+    return fill
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b"])
@@ -35,8 +52,12 @@ def test_one_box_per_action_coloured_by_kind_and_numbers_in_title(name):
     boxes = _collection(fig, "actions")
     assert len(boxes.get_paths()) == len(actions)
     colours = Counter(to_hex(c) for c in boxes.get_facecolors())
-    # interleaved: rank r holds stages r and r + 4; the second chunk in the kind's dark colour
-    assert colours == Counter(chunk_color(a.kind, a.stage // 4, 2) for a in actions)
+    # interleaved: rank r holds stages r and r + 4, the second chunk in a colour of its own;
+    # each box in the colour the legend gives its kind (and chunk), each pair its own colour
+    fill = _legend_fill(fig)
+    assert colours == Counter(fill(a.kind, a.stage // 4) for a in actions)
+    drawn = {(a.kind, a.stage // 4) for a in actions}
+    assert len({fill(*pair) for pair in drawn}) == len(drawn)
     # each box spans exactly its event's time (rank order, then time order)
     xs = sorted((min(p.vertices[:, 0]), max(p.vertices[:, 0])) for p in boxes.get_paths())
     want = sorted((e.start, e.end) for e in sim.events)
@@ -50,6 +71,8 @@ def test_one_box_per_action_coloured_by_kind_and_numbers_in_title(name):
 def test_renders_are_reproducible_and_nothing_leaks_into_pyplot():
     import matplotlib.pyplot as plt
 
+    backend = matplotlib.get_backend()
+
     def draw():
         sim = simulate(build_schedule("zb-h1", pp=3, microbatches=4), Costs(1, 1, 1))
         return plot_schedule(sim), plot_memory(sim, limit=3)
@@ -60,7 +83,7 @@ def test_renders_are_reproducible_and_nothing_leaks_into_pyplot():
     bundle = a._repr_mimebundle_()
     assert bundle["image/png"].startswith(b"\x89PNG") and "text/plain" in bundle
     assert plt.get_fignums() == []  # made without pyplot: nothing to close, nothing leaks
-    assert matplotlib.get_backend()  # still whatever the user had
+    assert matplotlib.get_backend() == backend  # still whatever the user had
 
 
 def test_measured_trace_beside_and_over_its_simulation():
@@ -204,27 +227,22 @@ def test_zb_v_boxes_show_their_chunk_and_kind():
         chunk = 0 if e.stage < p else 1
         assert e.stage in (e.rank, 2 * p - 1 - e.rank)
         drawn.setdefault((chunk, e.kind), set()).add(to_hex(colour))
-    assert drawn == {(0, k): {KIND_COLORS[k]} for k in "FIW"} | {
-        (1, k): {KIND_DARK_COLORS[k]} for k in "FIW"
+    # one colour per (chunk, kind), the legend's: chunk 0 in the kinds' own colours
+    swatches = legend_swatches(fig)
+    chunk0, chunk1 = swatches["chunk 0: stages 0-3"], swatches["chunk 1: stages 4-7"]
+    kinds = kind_swatches(fig)
+    assert list(kinds) == list("FIW") and chunk0 == [kinds[k] for k in "FIW"]
+    assert drawn == {(0, k): {chunk0[i]} for i, k in enumerate("FIW")} | {
+        (1, k): {chunk1[i]} for i, k in enumerate("FIW")
     }
     # every two of the six colours are far apart (CIELAB distance; ~2.3 is just noticeable):
     # the old dark teal and dark blue were 28 apart, dark blue and the light one 24
     six = [c for (colours) in drawn.values() for c in colours]
     assert min(_distance(a, b) for i, a in enumerate(six) for b in six[i + 1 :]) > 29
-    # the legend: one entry per chunk, with its stages
+    # the legend: one entry per chunk, with its stages, and none other
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "chunk 0: stages 0-3" in labels and "chunk 1: stages 4-7" in labels
-    # each chunk's entry: its kinds' colours, as drawn in its boxes, side by side
-    swatches = {}
-    for row in fig.axes[0].get_legend().findobj(HPacker):
-        drawing, text = row.get_children()[0], row.get_children()[-1]
-        if isinstance(text, TextArea) and text.get_text().startswith("chunk"):
-            patches = [a for a in drawing.get_children() if isinstance(a, Rectangle)]
-            swatches[text.get_text()] = [to_hex(a.get_facecolor()) for a in patches]
-    assert swatches == {
-        "chunk 0: stages 0-3": [KIND_COLORS[k] for k in "FIW"],
-        "chunk 1: stages 4-7": [KIND_DARK_COLORS[k] for k in "FIW"],
-    }
+    chunks = [t for t in labels if t.startswith("chunk")]
+    assert chunks == ["chunk 0: stages 0-3", "chunk 1: stages 4-7"]
     # dark boxes get white text
     on_dark = {t.get_color() for t in fig.axes[0].texts}
     assert on_dark == {"black", "white"}
@@ -307,13 +325,33 @@ def test_iterations_tile_and_the_title_says_how_they_were_run():
 
 
 def test_a_middle_chunk_lies_between_light_and_dark():
-    # three stages per rank: chunk 1 halfway from the kind's colour to its dark one
-    light, dark = (matplotlib.colors.to_rgb(c) for c in (KIND_COLORS["F"], KIND_DARK_COLORS["F"]))
-    middle = matplotlib.colors.to_rgb(chunk_color("F", 1, 3))
+    # three stages per rank: chunk 1 halfway from the kind's colour to the last chunk's
+    sch = build_schedule("interleaved-1f1b", pp=2, microbatches=4, stages_per_rank=3)
+    fig = plot_schedule(simulate(sch, Costs()))
+    fill = _legend_fill(fig)
+    light, middle, dark = (matplotlib.colors.to_rgb(fill("F", c)) for c in range(3))
     assert middle == pytest.approx(
         [(a + b) / 2 for a, b in zip(light, dark, strict=True)], abs=1 / 255
     )
-    assert (
-        chunk_color("F", 0, 3) == KIND_COLORS["F"]
-        and chunk_color("F", 2, 3) == KIND_DARK_COLORS["F"]
-    )
+    assert fill("F", 0) == kind_swatches(fig)["F"] and _distance(light, dark) > 29
+    # the boxes of stages 2 and 3 (rank 0's and 1's middle chunk) in the middle colour
+    boxes = _collection(fig, "actions")
+    order = sorted(simulate(sch, Costs()).events, key=lambda e: (e.rank, e.start, e.end))
+    drawn = zip(order, boxes.get_facecolors(), strict=True)
+    assert {to_hex(c) for e, c in drawn if e.kind == "F" and e.stage in (2, 3)} == {fill("F", 1)}
+
+
+def test_one_palette_for_graphs_grids_and_plots():
+    # F, I, W mean the same colour in draw_graph's legend, the HTML grid and the plot's legend
+    sim = simulate(build_schedule("zb-v", pp=2, microbatches=4), Costs())
+    plotted = kind_swatches(plot_schedule(sim))
+    graph = graph_colours()
+    assert plotted == {k: graph[k] for k in "FIW"}
+    cell = r"<td style='[^']*background:(#[0-9a-f]{6})'>\d+([FIWB])\d+</td>"
+    cells = re.findall(cell, sim._repr_html_())  # (colour, kind) of every action's cell
+    assert set(cells) == {(c, k) for k, c in plotted.items()} and len(cells) == len(sim.events)
+    assert len(set(plotted.values())) == 3  # three kinds, three colours
+    # 1F1B's unsplit B: a colour of its own, the same in the plot and the grid
+    one = simulate(build_schedule("1f1b", pp=2, microbatches=4), Costs())
+    b = kind_swatches(plot_schedule(one))["B"]
+    assert b not in plotted.values() and f"background:{b}'>0B0<" in one._repr_html_()

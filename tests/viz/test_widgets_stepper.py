@@ -1,4 +1,5 @@
-"""SplitBackwardStepper driven from Python: click F, I, W; the oracle is plain autograd."""
+"""SplitBackwardStepper driven from Python: click F, I, W; the oracle is plain autograd (and
+for the graph's colours, what draw_graph's legend says each pass is drawn in)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import re
 
 import pytest
 import torch
+from palette import graph_colours
 from torch import nn
 
-from zbkit.viz._colors import DIM_FILL, KIND_COLORS
 from zbkit.widgets import SplitBackwardStepper
+
+COLOURS = graph_colours()  # F, I, W and dim, as draw_graph's legends show them
 
 
 class Mlp(nn.Module):
@@ -42,7 +45,7 @@ def test_clicking_f_i_w_fills_grads_in_order_and_matches_autograd():
     assert s.phase == "F" and all(p.grad is None for p in model.parameters())
     assert not s.buttons["I"].disabled and s.buttons["F"].disabled and s.buttons["W"].disabled
     assert len(s.analysis.groups) == 2 and "fc1.weight" in s.graph.source
-    f_colours = s.graph.source.count(KIND_COLORS["F"])
+    f_colours = s.graph.source.count(COLOURS["F"])
 
     s.buttons["I"].click()
     assert all(p.grad is None for p in model.parameters())  # I leaves every .grad alone
@@ -51,13 +54,13 @@ def test_clicking_f_i_w_fills_grads_in_order_and_matches_autograd():
     assert re.search(r"input\[0\]</td><td[^>]*>\(5, 4\)</td><td[^>]*>filled", table)
     assert table.count(">empty<") == 4 and table.count(">yes<") == 1
     i_src = s.graph.source
-    assert KIND_COLORS["I"] in i_src and DIM_FILL in i_src and KIND_COLORS["W"] not in i_src
+    assert COLOURS["I"] in i_src and COLOURS["dim"] in i_src and COLOURS["W"] not in i_src
 
     s.buttons["W"].click()
     for p, want in zip(model.parameters(), want_params, strict=True):
         assert torch.allclose(p.grad, want, atol=1e-6)
     assert s.table.value.count(">yes<") == 5 and ">NO<" not in s.table.value
-    assert KIND_COLORS["W"] in s.graph.source and KIND_COLORS["I"] not in s.graph.source
+    assert COLOURS["W"] in s.graph.source and COLOURS["I"] not in s.graph.source
     assert f_colours > 0 and "W done" in s.status.value
 
     # exercise 3: W again. The button stays live and the widget says why it is refused
