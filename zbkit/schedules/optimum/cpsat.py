@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from zbkit.schedules.core.action import PARTS, Action
+from zbkit.schedules.core.action import PARTS, Action, waits_on
 from zbkit.schedules.core.costs import TOL, Costs
 from zbkit.schedules.core.schedule import Schedule
 from zbkit.schedules.sim.simulate import Simulation
@@ -28,7 +28,6 @@ class Model:
 
     def __init__(self, where: list[int], m: int, costs: list[Costs]) -> None:
         self.where, self.m, self.costs = where, m, costs
-        last = len(where) - 1
         self.actions = [(s, k, j) for s in range(len(where)) for k in PARTS for j in range(m)]
         self.index = {a: i for i, a in enumerate(self.actions)}
         self.dur = [costs[s].duration(k) for s, k, _ in self.actions]
@@ -38,14 +37,8 @@ class Model:
         self.edges: list[tuple[int, int, float]] = []
         for s, k, j in self.actions:
             a = self.index[s, k, j]
-            if k == "F" and s > 0:
-                self._edge((s - 1, "F", j), a, s - 1, s)
-            if k == "I":
-                self._edge((s, "F", j), a, s, s)
-                if s < last:
-                    self._edge((s + 1, "I", j), a, s + 1, s)
-            if k == "W":
-                self._edge((s, "I", j), a, s, s)
+            for ds, dk in waits_on(s, k, len(where)):  # the readiness rule, from `KINDS`
+                self._edge((ds, dk, j), a, ds, s)
             if j > 0:  # in order on the stage
                 self._edge((s, k, j - 1), a, s, s)
         preds, succs, topo = graph(len(self.actions), self.edges)

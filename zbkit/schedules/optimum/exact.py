@@ -15,15 +15,11 @@ Objective "span": the longest rank span (zb-auto's, the paper's: what sets the s
 when iterations overlap); "makespan": one iteration's length. The solver's proven bound says
 how far from the best possible any schedule of these sizes is.
 
-Why CP-SAT and not the paper's MILP: the MILP on HiGHS (start windows, per-pair big-M,
-series cuts; zbkit's first solver) proved every linear setting of issue 24's grid, but its
-relaxation hardly moves on the V: at p=3, m=8 six of nine settings stayed unproven after
-60 s, with zb-auto's 38.45 against a bound of 27.1 where the optimum is 30.6. CP-SAT reasons
-on the intervals themselves (no-overlap and reservoir propagation, clause learning) and
-proves each of them in seconds. Times are whole numbers of the smallest unit that makes
+CP-SAT reasons on the intervals themselves (no-overlap and reservoir propagation, clause
+learning). Times are whole numbers of the smallest unit that makes
 every cost exact (`cpsat.scale`; rounded down where none does, a relaxation: the bound
 stays certified, and the schedule is simulated with the real costs). The search starts from
-a given schedule (zb-auto's), whose value also caps the goal, and the instant
+a given schedule (`solve` hands in zb-auto's), whose value also caps the goal, and the instant
 `lower_bound` is a cut.
 """
 

@@ -12,8 +12,8 @@ any costs and placement; `bounds.lower_bound` takes it up to `CHAINS_MAX_ACTIONS
      delays the forward it puts second (`_delays`), walk both orders; each action starts
      no earlier than the earlier of its two starts (and where one order cannot fit at
      all, the other is forced). One rank's choice of which chunk's forward
-     to run first delays the other ranks either way: on the V at p=2, m=8 (W cheap, under
-     0.75 p) steps 1-2 see 26.35 and probing the proven optimum, 29.35;
+     to run first delays the other ranks either way, which steps 1-2 cannot see on the V
+     (benchmarks/exact.py measures how much probing lifts the bound);
   4. per rank, those earliest starts against what each action leaves to do on the rank
      (Jackson's bound for one machine with heads and tails).
 """
@@ -24,8 +24,8 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from zbkit.schedules.core.costs import TOL
-from zbkit.schedules.optimum.cpsat import Costs, Model, by_rank, graph
+from zbkit.schedules.core.costs import TOL, Costs
+from zbkit.schedules.optimum.cpsat import Model, by_rank, graph
 
 # the walk, steps 1, 2 and 4: beyond this many actions (F, I and W per stage and
 # microbatch) the closed forms are the bound (p=4, m=8 takes a few ms, 768 actions 0.1 s)

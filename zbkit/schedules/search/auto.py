@@ -4,24 +4,23 @@ Each placement has its list of candidates (`CANDIDATES`), each with a one-line r
 there. zb-auto builds each candidate for the costs and the limit it is given, drops those
 that go over the limit, times the rest with the simulator's engine and keeps the fastest
 (longest rank span, then peak memory, then the list's order). The hand-written ones are
-timed first: when one reaches a lower bound (`_bounds`: no schedule under the limit is
+timed first: when one reaches a lower bound (`optimum.bounds`: no schedule under the limit is
 faster) the search stops there, and a greedy gives up once it must end slower than the
 best so far. `explain_auto` returns the whole table: which candidate won, and what each
 one scored or why it was left out ("not run: ZB-H1 reaches the lower bound ...").
 
 - `placement="linear"` (default; stage s on rank s, limit p * M_B by default): the paper's
-  microbatch-by-microbatch construction (`sweep`) for a few warm-up shapes and W-filling
-  rules, refined rank by rank and then on its critical path (`_refine`); the event-driven
-  greedy; the reference repo's heuristic (`_build_heuristic`); ZB-H1 and ZB-H2. With the
-  paper's measured times it matches or beats the paper's own ZB-2p (limit 2p*M_B) in all
-  12 of its settings (1.5B m=24 reaches a lower bound, so it is optimal there), and at
-  p*M_B it ties ZB-H1, which there is optimal (see tests/schedules/test_schedules_auto.py
-  for both bounds).
+  microbatch-by-microbatch construction (`heuristic.sweep`) for a few warm-up shapes and
+  W-filling rules, refined rank by rank and then on its critical path (`refine`); the
+  event-driven greedy; the reference repo's heuristic (`heuristic`); ZB-H1 and ZB-H2.
+  tests/schedules/test_schedules_auto.py holds it to the paper's ZB-1p and ZB-2p.
 - `placement="v"` (stage s and 2p-1-s on rank s, limit 2p half-stage activations = 1F1B's
-  peak by default): the paper's hand-written ZB-V (what `build_schedule("zb-v")` returns)
+  peak by default): the paper's hand-written ZB-V (what `build_schedule("zb-v")` returns),
   the greedy, which does better when the costs are unequal or the limit differs, and the
-  reference repo's V scheduler (`_build_v_heuristic`, its zbv.py), so zb-auto is never
-  slower than it (tests/schedules/test_schedules_v_reference.py).
+  reference repo's V scheduler (`v_heuristic`), so zb-auto is never slower than it
+  (tests/schedules/test_schedules_v_reference.py).
+- where CP-SAT is installed, the exact optimum of small settings (`candidates`), started
+  from the best candidate so far; what it proves raises the search's bound.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ class AutoSearch:
     tried: list[Tried]  # every candidate of the placement, in CANDIDATES order
     memory_limit: float
     placement: str
-    lower_bound: float = 0.0  # certified: no schedule under the limit is faster (`_bounds`)
+    lower_bound: float = 0.0  # certified: no schedule under the limit is faster (`optimum.bounds`)
 
     @property
     def span(self) -> float:

@@ -22,7 +22,7 @@ Both are what the proven optima do under tight limits. zb-auto tries a few such 
 
 What the picked action then does (when it starts and ends, the memory it holds, the W it
 leaves owed) is the timeline's (`timeline.Timeline`), as for every searched builder;
-`sweep` (`_build_heuristic`) is the paper's own construction for one stage per rank.
+`sweep` (`heuristic`) is the paper's own construction for one stage per rank.
 """
 
 from __future__ import annotations

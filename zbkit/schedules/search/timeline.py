@@ -139,7 +139,7 @@ class Timeline:
     def latest_input(self, stage: int, kind: str, j: int) -> tuple[float, int, str] | None:
         """(arrival, stage, kind) of the input of (stage, kind, j) that arrives last (the
         first of equals), all its inputs placed; None if it needs none. What a walk along
-        the critical path follows (`_refine`)."""
+        the critical path follows (`refine`)."""
         latest, r = None, self.where[stage]
         for s, k in self.inputs[kind][stage]:
             e = self.end[k][s][j]
