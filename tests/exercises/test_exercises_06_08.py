@@ -2,11 +2,11 @@
 
 The oracles: real DDP on a world of one in this process, with a comm hook of our own that only
 counts (06.1, 06.4); the windows' arithmetic (06.2, 06.3); the validator's own message (07.1);
-a timeout report built by the launcher's own `describe` (07.2); the notebook's own buggy
-`FusedLinear` and `compare_with_autograd`, taken from its cells (07.3); the 1F1B grid walked by
-hand (07.4); torch's program against zbkit's, action by action (08.1); the simulator (08.2);
-torch's lowered SEND ops (08.3); torch's two split calls (08.4). (What every exercise shares,
-its check cell and folded solution, is tested in test_exercises_all.py.)
+the timeout report a real two-rank Cluster raises on the hang the exercise asks for (07.2); the
+notebook's own buggy `FusedLinear` and `compare_with_autograd`, taken from its cells (07.3);
+the 1F1B grid walked by hand (07.4); torch's program against zbkit's, action by action (08.1);
+the simulator (08.2); torch's lowered SEND ops (08.3); torch's two split calls (08.4). (What
+every exercise shares, its check cell and folded solution, is tested in test_exercises_all.py.)
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zbkit.exercises import check
-from zbkit.launch import LaunchError
-from zbkit.launch._collect import Outcome, describe
+from zbkit.launch import Cluster, LaunchError
 from zbkit.schedules import (
     Action,
     Costs,
@@ -174,34 +173,46 @@ def test_07_1_a_program_whose_one_fault_is_a_w_before_its_i():
     assert right is False and "3 ranks" in why
 
 
-def _c10d_frame(call: str) -> str:
-    import torch.distributed.distributed_c10d as c10d
-
-    return f'  File "{c10d.__file__}", line 1, in {call}\n    work.wait()\n'
-
-
-def _hang_report(calls: dict[int, str]) -> LaunchError:
-    """The LaunchError a timed-out cluster call raises, made by the launcher's `describe`,
-    each rank's stack ending in the torch.distributed call `calls[rank]`."""
-    stacks = {
-        r: f'  File "<zb cell 1>", line 4, in <module>\n    dist.{call}(...)\n' + _c10d_frame(call)
-        for r, call in calls.items()
-    }
-    out = Outcome(running=sorted(calls), stacks=stacks, timeout=2.0)
-    return LaunchError(describe(out, "Cluster call", "stopped"), out.causes_first() | out.stacks)
+# the exercise's hang and the notebook's own: each rank stuck in the call its stack ends in
+BARRIER_AGAINST_RECV = """
+t = torch.zeros(3)
+if rank == 0:
+    dist.barrier()
+else:
+    dist.recv(t, src=0)
+"""
+BOTH_RECEIVE = """
+t = torch.zeros(3)
+dist.recv(t, src=1 - rank)
+"""
 
 
+def _raised(cluster: Cluster, code: str, timeout: float | None = None) -> LaunchError:
+    """The LaunchError `cluster.exec(code)` raises, caught as the notebook catches it."""
+    with pytest.raises(LaunchError) as caught:
+        cluster.exec(code, timeout=timeout)
+    return caught.value
+
+
+@pytest.mark.multiprocess
 def test_07_2_the_stacks_of_a_barrier_against_a_recv():
-    right, why = _judged("07.2", _hang_report({1: "recv", 0: "barrier"}))
-    assert right is True and "rank 0 in barrier, rank 1 in recv" in why
-    right, why = _judged("07.2", _hang_report({0: "recv", 1: "recv"}))
-    assert right is False and "notebook's hang" in why
-    failed = Outcome(failures={0: "Traceback (most recent call last):\nValueError: x"})
-    error = LaunchError(describe(failed, "Cluster call", ""), failed.causes_first())
-    right, why = _judged("07.2", error)
-    assert right is False and "not a timeout report" in why
+    # the expected timeouts: 10 s, as each rank must first reach its call on a busy machine
+    with Cluster(2) as cluster:
+        failed = _raised(cluster, "if rank == 0:\n    raise ValueError('x')")
+        right, why = _judged("07.2", failed)  # a failure, the cluster still usable
+        assert right is False and "not a timeout report" in why
+        right, why = _judged("07.2", _raised(cluster, BARRIER_AGAINST_RECV, timeout=10))
+        assert right is True and "rank 0 in barrier, rank 1 in recv" in why
+    with Cluster(2) as cluster:  # the timeout stopped the first one
+        right, why = _judged("07.2", _raised(cluster, BOTH_RECEIVE, timeout=10))
+        assert right is False and "notebook's hang" in why
+
+
+def test_07_2_wants_the_error_itself():
     right, why = _judged("07.2", RuntimeError("timed out"))
     assert right is False and "give the error itself" in why
+    right, why = _judged("07.2", LaunchError("launch failed on rank 0"))
+    assert right is False and "not a timeout report" in why
 
 
 @pytest.fixture(scope="module")
