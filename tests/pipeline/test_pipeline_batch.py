@@ -2,8 +2,8 @@
 
 Inputs of 8 rows with targets of 4 used to be cut separately (microbatch j: rows 2j..2j+1
 of x against row j of y) and broadcast inside the loss without a word. Both executors now
-run the same check (`pipeline/_batch.py`); a good batch still gives the full-batch
-autograd gradients.
+run the same check; a good batch is cut into equal microbatches (what stage 0 and the loss
+are given, in order, is the batch) and still gives the full-batch autograd gradients.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pipeline_models import (
+    First,
     assert_grads_match,
     batch,
     loss_fn,
@@ -19,9 +20,9 @@ from pipeline_models import (
     oracle,
     schedule,
 )
+from torch import nn
 
 from zbkit.pipeline import LocalPipeline, PipelineStage, ScheduleRunner
-from zbkit.pipeline._batch import split_batch
 
 M = 4  # microbatches
 MISMATCH = (
@@ -62,13 +63,35 @@ def test_local_pipeline_refuses_a_batch_that_does_not_split_alike(case: str) -> 
     assert all(st.held_activations == 0 for st in pipe.stages)  # refused before any forward
 
 
+class Noted(nn.Module):
+    """Stage 0 that notes the microbatch it is given (`x` and a nested dict), then runs
+    `First` on its `x`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = First()
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor, extra: dict) -> dict:
+        self.seen.append((x.detach(), extra["ids"]))
+        return self.first(x)
+
+
 def test_a_good_batch_splits_into_equal_parts_and_matches_autograd() -> None:
     x, y = batch(8)
-    inputs, targets = split_batch(M, {"x": x, "extra": {"ids": x[:, 0]}}, y)
-    assert [i["x"].shape[0] for i in inputs] == [2] * M
-    assert all(torch.equal(i["extra"]["ids"], i["x"][:, 0]) for i in inputs)
+    noted, targets = Noted(), []
+
+    def noting_loss(out: dict, target: torch.Tensor) -> torch.Tensor:
+        targets.append(target)
+        return loss_fn(out, target)
+
+    pipe = LocalPipeline([noted, *make_stages(4)[1:]], schedule("1f1b", 4, M), noting_loss)
+    pipe.step({"x": x, "extra": {"ids": x[:, 0]}}, y)
+    # 1F1B: stage 0 and the loss see microbatches 0..3 in order; microbatch j is rows 2j, 2j+1
+    assert [len(part) for part, _ in noted.seen] == [len(t) for t in targets] == [2] * M
+    assert torch.equal(torch.cat([part for part, _ in noted.seen]), x)
+    assert all(torch.equal(ids, part[:, 0]) for part, ids in noted.seen)  # the nested dict too
     assert torch.equal(torch.cat(targets), y)
-    assert split_batch(M, None, None) == (None, None)
     mods = make_stages(4)
     _, expected = oracle(mods, x, y)
     LocalPipeline(mods, schedule("1f1b", 4, M), loss_fn).step(x, y)
