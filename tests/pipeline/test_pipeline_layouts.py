@@ -4,6 +4,9 @@ A Hugging Face stage returns a mask that is None for a microbatch without paddin
 bool tensor for one with padding; the runner moves either, without ``forget_shapes()``, and
 what cannot travel fails both ranks at once with the reason. The oracle: plain autograd on
 the whole batch (and LocalPipeline).
+
+The tests without processes read the shape messages (`pipeline._shapes`) directly: a message
+between two ranks is their only face, and those below the line see it through the runner.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 import torch
 
 from zbkit.launch import launch
-from zbkit.pipeline._shapes import Meta, pack, read, unsendable
+from zbkit.pipeline._shapes import Meta, pack, read, unpack, unsendable
 
 cloudpickle.register_pickle_by_value(layout_ranks)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -47,6 +50,21 @@ def test_what_cannot_travel_is_named_with_what_to_do() -> None:
     big = Meta.of({"n" * 5000: t})
     with pytest.raises(ValueError, match="over the 4092 a shape message holds"):
         pack(big, CPU)
+
+
+def test_shape_messages_are_json_not_pickle() -> None:
+    tensors = {"x": torch.randn(2, 3, requires_grad=True), "ids": torch.arange(2)}
+    meta = Meta.of(tensors)
+    assert unpack(pack(meta, torch.device("cpu"))) == meta  # round trip, dtypes included
+    buf = pack(meta, torch.device("cpu"))
+    raw = bytes(buf.numpy())
+    assert b'"names": ["ids", "x"]' in raw and b"pickle" not in raw
+    evil = bytearray(raw)  # a dtype name that is not a torch dtype is refused, never run
+    text = raw[4 : 4 + int.from_bytes(raw[:4], "little")].replace(b'"int64"', b'"Tensor"')
+    evil[:4] = len(text).to_bytes(4, "little")
+    evil[4 : 4 + len(text)] = text
+    with pytest.raises(ValueError, match="unknown dtype 'Tensor'"):
+        unpack(torch.frombuffer(evil, dtype=torch.uint8))
 
 
 # ---------------------------------------------------------------- real ranks

@@ -234,20 +234,3 @@ def test_a_torch_profiler_trace_shows_every_action_by_name() -> None:
     names = [e.name for e in prof.events()]
     actions = [str(a) for prog in sch.program.values() for a in prog]
     assert sorted(n for n in names if n in set(actions)) == sorted(actions)  # each once
-
-
-def test_shape_messages_are_json_not_pickle() -> None:
-    from zbkit.pipeline._shapes import Meta, pack, unpack
-
-    tensors = {"x": torch.randn(2, 3, requires_grad=True), "ids": torch.arange(2)}
-    meta = Meta.of(tensors)
-    assert unpack(pack(meta, torch.device("cpu"))) == meta  # round trip, dtypes included
-    buf = pack(meta, torch.device("cpu"))
-    raw = bytes(buf.numpy())
-    assert b'"names": ["ids", "x"]' in raw and b"pickle" not in raw
-    evil = bytearray(raw)  # a dtype name that is not a torch dtype is refused, never run
-    text = raw[4 : 4 + int.from_bytes(raw[:4], "little")].replace(b'"int64"', b'"Tensor"')
-    evil[:4] = len(text).to_bytes(4, "little")
-    evil[4 : 4 + len(text)] = text
-    with pytest.raises(ValueError, match="unknown dtype 'Tensor'"):
-        unpack(torch.frombuffer(evil, dtype=torch.uint8))
