@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -100,16 +101,31 @@ def _check_times(trace: Trace) -> None:
         assert all(a.end <= b.start for a, b in zip(mine, mine[1:], strict=False)), r
 
 
-def _draw(trace: Trace, sim) -> None:
-    """plot_schedule (beside and over the simulation) and RunViewer take the read trace."""
-    try:
-        from zbkit import viz
-        from zbkit.widgets import RunViewer
-    except ImportError:  # the notebook extra is not installed
-        return
-    assert viz.plot_schedule(trace, simulation=sim, comm=True) is not None
-    assert viz.plot_schedule(trace, simulation=sim, compare="overlay") is not None
-    assert RunViewer(trace, sim) is not None
+def _draw(runs: list[tuple[Trace, Any]]) -> None:
+    """plot_schedule (beside and over the simulation) and RunViewer show each read trace: a
+    box per action and per simulated one, a bar per wait on a receive, the run's own numbers.
+    Called after every other check: without the notebook extra only this part is skipped."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("ipywidgets")
+    from zbkit import viz
+    from zbkit.widgets import RunViewer
+
+    for trace, sim in runs:
+        beside = viz.plot_schedule(trace, simulation=sim, comm=True)
+        layers = {c.get_gid(): c for c in beside.axes[0].collections}
+        assert len(layers["actions"].get_paths()) == len(trace.events) + len(sim.events)
+        waits = sum(c.end > c.start for c in [*trace.comm, *sim.comm])  # the run's, the sim's
+        if waits:
+            assert len(layers["comm"].get_paths()) == waits
+        else:
+            assert "comm" not in layers  # no bar drawn where nothing was waited for
+        over = viz.plot_schedule(trace, simulation=sim, compare="overlay")
+        layers = {c.get_gid(): c for c in over.axes[0].collections}
+        assert len(layers["actions"].get_paths()) == len(trace.events)
+        assert len(layers["simulated"].get_paths()) == len(sim.events)
+        numbers = RunViewer(trace, sim).numbers.value
+        assert f"run: makespan {trace.makespan:.4g}, bubble {trace.bubble_rate:.1%}" in numbers
+        assert f"sim: makespan {sim.makespan:.4g}, bubble {sim.bubble_rate:.1%}" in numbers
 
 
 @pytest.mark.multiprocess
@@ -117,6 +133,7 @@ def test_from_profiler_reads_torchs_runs_in_torchs_order(tmp_path: Path) -> None
     for cls_name, _, _ in CASES:
         (tmp_path / cls_name).mkdir()
     out = launch(profiled_runs, str(tmp_path), nprocs=2, timeout=300)
+    drawn = []
     for i, (cls_name, _, with_stack) in enumerate(CASES):
         folder = tmp_path / cls_name
         # stage calls name no stage: the schedule places them (GPipe's: stage r on rank r)
@@ -143,7 +160,8 @@ def test_from_profiler_reads_torchs_runs_in_torchs_order(tmp_path: Path) -> None
         costs = measured_costs(trace.events, ran.num_stages, comm=hop_latency(trace.events))
         sim = simulate(ran, costs)
         assert 0.0 <= trace.bubble_rate < 1.0 and sim.makespan > 0
-        _draw(trace, sim)
+        drawn.append((trace, sim))
+    _draw(drawn)
 
 
 def test_from_profiler_gives_device_times_from_the_kernels() -> None:

@@ -185,12 +185,12 @@ def test_a_stage_frozen_between_its_i_and_its_w() -> None:
     g = torch.randn(3, D)
     block = Block()
     twin = copy.deepcopy(block)
-    out = twin(x)
+    want = twin(x)
     twin.b.weight.requires_grad_(False)
-    out.backward(g)
+    want.backward(g)
     stage = PipelineStage(block, 1, 3)
     out = stage.forward(0, {"0": x})["0"]
-    assert out is not None
+    torch.testing.assert_close(out, want)  # the block's own output, under its one name
     stage.backward_input(0, {"0": g})
     block.b.weight.requires_grad_(False)
     stage.backward_weight(0)
@@ -307,6 +307,7 @@ def test_a_schedule_that_is_not_built_yet_is_named() -> None:
         with pytest.raises(TypeError, match="ScheduleRunner takes a zbkit Schedule"):
             ScheduleRunner("zb-v", stages, mse_loss)  # type: ignore[arg-type]
     from zbkit.schedules.sim import validate
+
     with pytest.raises(TypeError, match="validate takes a zbkit Schedule"):
         validate("zb-h1")  # type: ignore[arg-type]
 

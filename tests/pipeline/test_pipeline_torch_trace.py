@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -39,8 +40,10 @@ def expected_program(cls: str, p: int, m: int) -> Schedule:
     return Schedule.from_torch(getattr(ts, cls), pp=p, microbatches=m)
 
 
-def check_run(out: list[list[dict]], p: int) -> list[str]:
-    lines = []
+def check_run(out: list[list[dict]], p: int) -> tuple[list[str], list[tuple[Trace, Any]]]:
+    """What the ranks ran, checked; returns the lines to print and each case's (least
+    disturbed trace, its simulation) for `_draw`."""
+    lines, runs = [], []
     for i, (cls, m) in enumerate(CASES):
         per_rank = [out[r][i] for r in range(p)]
         want = expected_program(cls, p, m)
@@ -88,29 +91,37 @@ def check_run(out: list[list[dict]], p: int) -> list[str]:
         # Chrome export of every action
         doc = trace.to_chrome()
         assert sum(ev.get("ph") == "X" for ev in doc["traceEvents"]) == len(trace.events)
-        _draw(trace, sim)
-    return lines
+        runs.append((trace, sim))
+    return lines, runs
 
 
-def _draw(trace: Trace, sim) -> None:
-    """plot_schedule (measured with the simulation drawn over it) and RunViewer take it."""
-    try:
-        from zbkit import viz
-        from zbkit.widgets import RunViewer
-    except ImportError:  # the notebook extra is not installed
-        return
-    fig = viz.plot_schedule(trace, simulation=sim, compare="overlay")
-    assert fig is not None
-    assert RunViewer(trace, sim) is not None
+def _draw(runs: list[tuple[Trace, Any]]) -> None:
+    """plot_schedule (the simulation outlined over the measured run) and RunViewer show each
+    run: a box per action, an outline per simulated one, the run's own numbers. Called after
+    every other check: without the notebook extra only this part is skipped."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("ipywidgets")
+    from zbkit import viz
+    from zbkit.widgets import RunViewer
+
+    for trace, sim in runs:
+        fig = viz.plot_schedule(trace, simulation=sim, compare="overlay")
+        layers = {c.get_gid(): c for c in fig.axes[0].collections}
+        assert len(layers["actions"].get_paths()) == len(trace.events)
+        assert len(layers["simulated"].get_paths()) == len(sim.events)
+        numbers = RunViewer(trace, sim).numbers.value
+        assert f"run: makespan {trace.makespan:.4g}, bubble {trace.bubble_rate:.1%}" in numbers
+        assert f"sim: makespan {sim.makespan:.4g}, bubble {sim.bubble_rate:.1%}" in numbers
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("p", [2, 4])
 def test_trace_torch_records_every_action_in_program_order(p: int, capsys) -> None:
     out = launch(torch_ranks.traced_runs, CASES, nprocs=p, timeout=300)
-    lines = check_run(out, p)
+    lines, runs = check_run(out, p)
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+    _draw(runs)
 
 
 def test_trace_torch_refuses_what_is_not_a_torch_schedule() -> None:
