@@ -306,7 +306,7 @@ def test_a_schedule_that_is_not_built_yet_is_named() -> None:
     with one_rank_group():
         with pytest.raises(TypeError, match="ScheduleRunner takes a zbkit Schedule"):
             ScheduleRunner("zb-v", stages, mse_loss)  # type: ignore[arg-type]
-    from zbkit.schedules.sim import validate
+    from zbkit.schedules import validate
 
     with pytest.raises(TypeError, match="validate takes a zbkit Schedule"):
         validate("zb-h1")  # type: ignore[arg-type]
