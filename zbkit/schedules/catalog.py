@@ -95,9 +95,6 @@ def _zb_auto(
     placement: str = "linear",
 ) -> Schedule:
     """The fastest of zb-auto's candidates for `placement` under the limit (`auto.search`)."""
-    # imported here, not above: the search's own modules may then read this one
-    # (`stage_to_rank`) without an import cycle
-
     return zb_auto(pp, m, name, costs, memory_limit, placement)
 
 

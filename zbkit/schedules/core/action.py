@@ -12,8 +12,8 @@ Everything that differs between kinds lives in the one `KINDS` table below: what
 action waits for, what it makes and which stage consumes it, which units of work it does
 (its duration is their `Costs` sum) and how it changes the memory held. The engine, the
 validator, the communication plan, the executors, the memory rule and the drawings all
-ask the table, so a new kind is one entry here plus one executor method
-(`zbkit.pipeline._execute.StepState`); docs/architecture.md shows where.
+ask the table, so a new kind is one entry here plus one entry in the runtime's dispatch
+table (`RUNS` in zbkit/pipeline/_execute.py); docs/architecture.md shows where.
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ class Kind:
     needs: tuple[tuple[Product, int], ...]
     makes: Product | None  # what finishing it makes available to others
     to: int  # stage offset of whoever consumes `makes` on another stage (0: same stage only)
-    run: str  # the executor method that runs it: StepState.run_<run> (pipeline/_execute.py)
 
     @property
     def does_weight(self) -> bool:
@@ -92,11 +91,11 @@ _BWD = ((_ACT, 0), (_GRAD, +1))  # its own forward ran; the next stage's input g
 _WGT = ((_GRAD, 0),)  # its own I ran (what I leaves behind)
 
 KINDS: dict[str, Kind] = {
-    #         letter name                   parts     act wt  needs makes  to  executor method
-    "F": Kind("F", "forward",               ("F",),    +1, 0,  _FWD, _ACT,  +1, "forward"),
-    "I": Kind("I", "input grad",            ("I",),    -1, +1, _BWD, _GRAD, -1, "backward_input"),
-    "W": Kind("W", "weight grad",           ("W",),     0, -1, _WGT, None,   0, "backward_weight"),
-    "B": Kind("B", "full backward (I+W)",   ("I", "W"), -1, 0, _BWD, _GRAD, -1, "backward_full"),
+    #         letter name                   parts      act wt  needs makes  to
+    "F": Kind("F", "forward",               ("F",),     +1, 0,  _FWD, _ACT,  +1),
+    "I": Kind("I", "input grad",            ("I",),     -1, +1, _BWD, _GRAD, -1),
+    "W": Kind("W", "weight grad",           ("W",),      0, -1, _WGT, None,   0),
+    "B": Kind("B", "full backward (I+W)",   ("I", "W"), -1, 0,  _BWD, _GRAD, -1),
 }  # fmt: skip
 
 
