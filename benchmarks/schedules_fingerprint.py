@@ -29,8 +29,8 @@ from zbkit.schedules import (
     solve,
     validate,
 )
-from zbkit.schedules.optimum.exact import bound_for
 from zbkit.schedules.formulas import bubble, peak_memory
+from zbkit.schedules.optimum.exact import bound_for
 from zbkit.schedules.throughput import throughput
 
 COSTS = {

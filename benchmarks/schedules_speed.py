@@ -21,8 +21,8 @@ import sys
 import time
 
 from zbkit.schedules import Costs, build_schedule, simulate
-from zbkit.schedules.search import auto
 from zbkit.schedules.builders import SCHEDULES
+from zbkit.schedules.search import auto
 
 # 14.6B model of the Zero Bubble paper (Table 6, m=128): T_F, T_B (our I), T_W, T_comm in ms
 PAPER = Costs(F=11.325, I=11.308, W=8.109, comm=0.378, mem_activation=1.0, mem_weight=0.44)

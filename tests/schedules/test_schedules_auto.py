@@ -14,17 +14,17 @@ import pytest
 from random_costs import random_setting
 
 from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
-from zbkit.schedules.optimum import bounds
-from zbkit.schedules.search.auto import CANDIDATES, Problem
-from zbkit.schedules.named.fixed import zb_v as zb_v_construction
-from zbkit.schedules.search.greedy import Moves, Waits, greedy
-from zbkit.schedules.search.heuristic import heuristic, sweep
-from zbkit.schedules.search.candidates import EXACT_MAX_ACTIONS
-from zbkit.schedules.search.refine import defer_late_ws
-from zbkit.schedules.search.timeline import Slower
 from zbkit.schedules.builders import explain_auto
 from zbkit.schedules.core.costs import per_stage
+from zbkit.schedules.named.fixed import zb_v as zb_v_construction
+from zbkit.schedules.optimum import bounds
 from zbkit.schedules.paper import TABLE5, TABLE6
+from zbkit.schedules.search.auto import CANDIDATES, Problem
+from zbkit.schedules.search.candidates import EXACT_MAX_ACTIONS
+from zbkit.schedules.search.greedy import Moves, Waits, greedy
+from zbkit.schedules.search.heuristic import heuristic, sweep
+from zbkit.schedules.search.refine import defer_late_ws
+from zbkit.schedules.search.timeline import Slower
 
 # the paper's Table 6 times and Table 5 rates, quoted once in zbkit.schedules.paper
 PRINTED = 5e-5  # the table rounds to 4 digits
@@ -220,7 +220,9 @@ def test_zb_auto_at_any_limit_is_the_best_of_its_candidates():
                                        memory_limit=limit), costs)  # fmt: skip
         assert max(auto.peak_memory) <= limit + 1e-9
         others = [
-            Schedule(greedy(list(range(p)), m, [costs] * p, limit, Waits(fill, hold)), list(range(p)), m)
+            Schedule(
+                greedy(list(range(p)), m, [costs] * p, limit, Waits(fill, hold)), list(range(p)), m
+            )
             for fill in (0.0, 0.5)
             for hold in (0.0, 0.5)
         ]
@@ -249,9 +251,11 @@ def test_explain_auto_rows_are_what_simulate_measures(placement):
         fastest = min(t.span for t in found.tried if t.span is not None)
         for t in found.tried:
             too_large = 3 * len(problem.stage_to_rank) * m > EXACT_MAX_ACTIONS
-            if t.note.startswith("cannot build") or (t.candidate.name == "exact (CP-SAT)" and too_large):
+            if t.note.startswith("cannot build") or (
+                t.candidate.name == "exact (CP-SAT)" and too_large
+            ):
                 with pytest.raises(ValueError):  # built alone, it refuses the same way
-                    t.candidate.built(problem).program
+                    t.candidate.built(problem)
                 continue
             one = Schedule(t.candidate.built(problem).program, problem.stage_to_rank, m)
             sim = simulate(one, costs)

@@ -252,9 +252,9 @@ def test_the_warm_start_is_the_solvers_first_incumbent() -> None:
     # a cap of almost no work leaves the solver little more than its start: from the
     # construction's 24.9 (optimal here) it must not come back worse (the MILP on HiGHS did
     # while setting the objective after the start dropped it: 26.2)
-    from zbkit.schedules.search.candidates import CANDIDATES, Problem
     from zbkit.schedules.core.costs import per_stage
     from zbkit.schedules.optimum.exact import prove
+    from zbkit.schedules.search.candidates import CANDIDATES, Problem
 
     costs = Costs(1, 1.5, 0.5, comm=0.2)
     per = per_stage(costs, [0, 1])

@@ -14,8 +14,8 @@ import random
 import pytest
 
 from zbkit.schedules import Schedule, simulate, validate
-from zbkit.schedules.search.timeline import Slower, Timeline
 from zbkit.schedules.core.costs import Costs
+from zbkit.schedules.search.timeline import Slower, Timeline
 
 
 def _random_costs(rng: random.Random, n: int) -> list[Costs]:

@@ -14,8 +14,8 @@ import random
 import pytest
 
 from zbkit.schedules import Costs, Schedule, build_schedule, simulate, validate
-from zbkit.schedules.search.v_heuristic import v_heuristic
 from zbkit.schedules.builders import explain_auto
+from zbkit.schedules.search.v_heuristic import v_heuristic
 
 # (p, m, costs, the reference's makespan); issue 13's settings, where zb-v was slower
 ISSUE = [
