@@ -17,11 +17,12 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from zbkit.schedules import SCHEDULES, Costs, build_schedule, simulate
-from zbkit.schedules.optimum import bounds
 from zbkit.schedules.catalog import RECORDS
 from zbkit.schedules.core.costs import MEMORY_UNIT, per_stage
 from zbkit.schedules.core.placement import stage_to_rank
+from zbkit.schedules.optimum import bounds
 from zbkit.viz._figure import ZbFigure
+
 
 class Style(NamedTuple):
     colour: str  # a matplotlib colour

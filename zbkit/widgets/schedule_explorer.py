@@ -23,8 +23,8 @@ from zbkit.schedules import SCHEDULES, Costs, simulate
 from zbkit.schedules.builders import PLACEMENTS, build_schedule, explain_auto
 from zbkit.schedules.catalog import RECORDS, searchers
 from zbkit.schedules.core.costs import MEMORY_UNIT
-from zbkit.schedules.optimum.exact import bound_for, gap_line
 from zbkit.schedules.formulas import bubble, peak_memory
+from zbkit.schedules.optimum.exact import bound_for, gap_line
 from zbkit.schedules.throughput import throughput
 from zbkit.viz import plot_schedule
 from zbkit.widgets._common import Offline, table_html
