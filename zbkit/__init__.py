@@ -46,12 +46,14 @@ def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded 
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext zbkit`: registers %zb_start, %%zb, %zb_stop and %zb_status."""
+    # lazily: at the top, every `import zbkit` would load IPython and the launcher
     from zbkit.launch.magics import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
+    # lazily, as in load_ipython_extension: `import zbkit` stays free of IPython
     from zbkit.launch.magics import unload_ipython_extension as unload
 
     unload(ipython)

@@ -11,6 +11,8 @@ import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from zbkit import __version__
+
 # subcommand -> module with `add_arguments(parser)` and `main(args) -> int`
 _COMMANDS = {
     "demo": (
@@ -29,8 +31,6 @@ def _version() -> str:
     try:
         return version("zbkit")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        from zbkit import __version__
-
         return __version__
 
 

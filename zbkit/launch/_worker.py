@@ -124,6 +124,7 @@ def _init_distributed(backend: str) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
+    # lazily, with torch (which zbkit.parallel imports): main starts the reader thread first
     from zbkit.parallel.process_group import init_process_group
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -53,8 +53,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # FSDPBackend is imported on first use: torch's FSDP takes about a second to import.
     if name == "FSDPBackend":
+        # lazily, on first use: torch's FSDP takes about a second to import
         from zbkit.parallel.fsdp import FSDPBackend
 
         return FSDPBackend

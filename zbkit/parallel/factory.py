@@ -17,6 +17,7 @@ __all__ = ["BACKENDS", "create_backend"]
 
 
 def _fsdp() -> type[TrainingBackend]:
+    # lazily: torch's FSDP takes about a second to import (see BACKENDS)
     from zbkit.parallel.fsdp import FSDPBackend
 
     return FSDPBackend
