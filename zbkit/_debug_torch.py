@@ -10,10 +10,10 @@ import contextlib
 import inspect
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from zbkit.schedules import Schedule
+from zbkit.schedules import Schedule
+from zbkit.schedules.core.grid import WAITING, render_grid
 
 
 class TorchProgress:
@@ -29,8 +29,8 @@ class TorchProgress:
     """
 
     def __init__(self, torch_schedule: Any) -> None:
+        # lazily: zbkit.debug loads without zbkit.pipeline and torch (a torch schedule needs them)
         from zbkit.pipeline.torch_trace import MethodPatches, torch_stages
-        from zbkit.schedules import Schedule
 
         stages = torch_stages(
             torch_schedule,
@@ -51,6 +51,7 @@ class TorchProgress:
         self._patches = MethodPatches()
 
     def wrap(self) -> None:
+        # lazily, as in __init__: zbkit.debug loads without zbkit.pipeline and torch
         from zbkit.pipeline.torch_trace import STAGE_METHODS
 
         self._patches.set(self.torch_schedule, "step", self._step(self.torch_schedule.step))
@@ -72,6 +73,7 @@ class TorchProgress:
         return counted_step
 
     def _action(self, stage: Any, name: str) -> Callable:
+        # lazily, as in __init__: zbkit.debug loads without zbkit.pipeline and torch
         from zbkit.pipeline.torch_trace import torch_action
 
         method = getattr(stage, name)  # torch's, or an outer wrapper (a trace_torch recorder)
@@ -128,6 +130,4 @@ class TorchProgress:
 
 def waiting_grid(schedule: Schedule, rank: int, position: int) -> str:
     """The schedule's grid around the action `rank` waits in, marked `<-- WAITING HERE`."""
-    from zbkit.schedules.core.grid import WAITING, render_grid
-
     return render_grid(schedule.program, [(rank, position)], window=True, marker=WAITING)

@@ -36,12 +36,12 @@ import threading
 import time
 import traceback
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from zbkit._debug_torch import TorchProgress, waiting_grid
-
-if TYPE_CHECKING:
-    from zbkit.schedules import Schedule
+from zbkit.schedules import Schedule
+from zbkit.schedules.core.grid import WAITING, as_waiting
+from zbkit.schedules.core.plan import Comm, CommOp
 
 __all__ = ["Watchdog", "install"]
 
@@ -89,8 +89,6 @@ class Watchdog:
         exit_code: int,
         stream: TextIO | None,
     ) -> None:
-        from zbkit.schedules import Schedule
-
         self.timeout = timeout
         self.schedule: Schedule | None = None  # drawn when the wait is not in a zbkit runner
         self.torch: TorchProgress | None = None
@@ -219,8 +217,6 @@ class Watchdog:
                 time.sleep(1)
             return
         frames = [f for f, _ in traceback.walk_tb(tb)][::-1]  # innermost first
-        from zbkit.schedules.core.grid import WAITING, as_waiting
-
         failed = "".join(traceback.format_exception(type(exc), exc, tb))
         # the runner's note marks the action it waited for: that is where it waited
         failed = as_waiting(failed)
@@ -292,8 +288,6 @@ def _locate(frames: list[FrameType]) -> tuple[Schedule | None, int, int, str] | 
 def _zbkit_spot(local: dict[str, Any]) -> tuple[Schedule, int, int, str]:
     # ScheduleRunner._walk's own bookkeeping: `done` compute actions finished, `item` the
     # plan step it is on (a receive waits for the next action; a send follows the last one)
-    from zbkit.schedules.core.plan import Comm, CommOp
-
     runner, done, item = local["self"], local.get("done", 0), local.get("item")
     program = runner.schedule.program[runner.rank]
     sending = isinstance(item, Comm) and item.op is CommOp.SEND
