@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
+from zbkit import viz
 from zbkit.demo import _report
 from zbkit.demo._html import write_report
 from zbkit.demo._runs import Config, measure_blocks, oracle, run_schedule
+from zbkit.launch import Cluster, LaunchError
 from zbkit.launch.machine import MachineLoad, machine_load
 from zbkit.models import split_stages, stage_spans
 from zbkit.schedules import Costs, Schedule
@@ -134,8 +136,6 @@ def _run_on_ranks(
 ) -> _Ran | None:
     """The ranks' part: the blocks measured, every schedule run (and timed on synthetic
     stages); None, said on stderr, when a rank failed."""
-    from zbkit.launch import Cluster, LaunchError
-
     real_runs: dict[str, list[dict]] = {}
     timed_runs: dict[str, list[dict]] = {}
     scale = 1.0
@@ -231,8 +231,6 @@ def _texts(
 def _stage_graph(args: argparse.Namespace, cfg: Config, schedules: dict[str, Schedule]) -> tuple:
     """The analysis and graph of stage 1 in the finest split, one box per layer
     (blocks.1.attn.qkv)."""
-    from zbkit import viz
-
     stage = split_stages(cfg.model(), max(s.num_stages for s in schedules.values()))[1]
     x = torch.randn(args.batch, cfg.tokens, cfg.dim, requires_grad=True)  # (b, t, dim)
     (out,) = stage(x).values()  # hidden (b, t, dim), or logits on a last stage

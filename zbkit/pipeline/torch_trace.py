@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from zbkit.pipeline._execute import CudaTimer
 from zbkit.pipeline.trace import MemorySample, Trace
 from zbkit.schedules import Event, Schedule
 from zbkit.schedules.core.action import Action, Overlap, Product
@@ -103,15 +104,15 @@ class TorchRecorder:
         self._samples: list[MemorySample] = []
         self._patches = MethodPatches()
         self._paired = _overlapped(schedule)
-        cuda = any(getattr(getattr(s, "device", None), "type", "") == "cuda" for s in self.stages)
-        self._cuda_class = _cuda_timer() if cuda else None
-        self._cuda = None
+        devices = [getattr(getattr(s, "device", None), "type", "") for s in self.stages]
+        self._on_cuda = "cuda" in devices
+        self._cuda: CudaTimer | None = None
         self._trace: Trace | None = None
 
     # ------------------------------------------------------------------ wrapping
     def start(self) -> None:
-        if self._cuda_class is not None:
-            self._cuda = self._cuda_class(self.clock)
+        if self._on_cuda:
+            self._cuda = CudaTimer(self.clock)
         for stage in self.stages:
             for name in STAGE_METHODS:
                 self._patches.set(stage, name, self._wrap(stage, name, getattr(stage, name)))
@@ -173,12 +174,6 @@ class TorchRecorder:
     def clear(self) -> None:
         """Forget what was recorded (e.g. after a warm-up step)."""
         self._events, self._samples = [], []
-
-
-def _cuda_timer() -> type:
-    from zbkit.pipeline._execute import CudaTimer
-
-    return CudaTimer
 
 
 def _overlapped(schedule: Any) -> set[tuple[int, str, int]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from zbkit.splitgrad import analyze, grad_node
 from zbkit.viz._autograd import Walk, node_shape, walk
 
 
@@ -18,8 +19,6 @@ def _is_tensors(x: Any) -> bool:
 
 def unpack(obj: Any, inputs: Any, module: torch.nn.Module | None) -> tuple[Walk, Any]:
     """(walk, analysis) from a SplitGradAnalysis, or from output tensors (analysed here)."""
-    from zbkit.splitgrad import analyze, grad_node
-
     if _is_tensors(obj):
         outputs = [obj] if isinstance(obj, torch.Tensor) else list(obj)
         for i, t in enumerate(outputs):
