@@ -17,12 +17,14 @@ from torch import nn
 from torch.autograd.graph import GradientEdge
 
 from zbkit.exercises._core import as_names, block_analysis, exercise, is_count
+from zbkit.models import TiedLM
 from zbkit.splitgrad import (
     build_reverse_graph,
     grad_node,
     reverse_closure,
     stage_backward_input,
 )
+from zbkit.viz.graph import output_shapes
 
 # ----------------------------------------------------------------- the notebook's graphs
 
@@ -63,7 +65,6 @@ class Gate(nn.Module):
 
 def float_tied_lm() -> nn.Module:
     """Exercise 02.1's stage: TiedLM fed floats, `x @ E` standing for the lookup `E[ids]`."""
-    from zbkit.models import TiedLM
 
     class FloatTiedLM(TiedLM):
         def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, vocab)
@@ -210,8 +211,6 @@ def filled_after_i(answer: Any) -> tuple[bool, str]:
 
 @exercise("02.4", "the index (an int) of the parameter group holding the most numbers")
 def biggest_group(answer: Any) -> tuple[bool, str]:
-    from zbkit.viz.graph import output_shapes
-
     block, a = block_analysis()
     params = dict(block.named_parameters())
     numbers = [sum(params[n].numel() for n in g.param_names) for g in a.groups]

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import nn
+
 from zbkit.exercises._core import exercise, is_count, is_number
+from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
 
 P, M = 4, 8  # the notebook's pipeline
@@ -126,10 +130,6 @@ def smallest_auto_limit(answer: Any) -> tuple[bool, str]:
 def _run_peaks(name: str) -> tuple[list[float], list[float]]:
     """A real LocalPipeline step of `name`: (peaks per rank in rank-microbatches, in chunk
     microbatches), the measured counts weighted as the notebook weighs them."""
-    import torch
-    from torch import nn
-
-    from zbkit.pipeline import LocalPipeline
 
     class Stage(nn.Module):  # the notebook's stage: one Linear and a tanh
         def __init__(self) -> None:

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from zbkit.exercises._core import as_names, exercise, is_number, schedule_name
+from zbkit.models import TinyTransformer, split_stages
+from zbkit.pipeline import LocalPipeline, PipelineStage, SyntheticStage
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
 
 P, M = 4, 8  # the notebook's ranks and microbatches per step
@@ -62,8 +64,6 @@ def short_w(answer: Any) -> tuple[bool, str]:
 def stage0_paid(split_first_stage: bool) -> list[str]:
     """What each backward call of stage 0 paid for ("I", "W", "IW"), in a ZB-H1 step run by
     `LocalPipeline` on synthetic stages that take no time (`paid` records the kinds anyway)."""
-    from zbkit.pipeline import LocalPipeline, PipelineStage, SyntheticStage
-
     sch = build_schedule("zb-h1", pp=P, microbatches=M)
     mods = [SyntheticStage(0, 0, 0, width=4) for _ in range(P)]
     stages = [
@@ -171,9 +171,6 @@ def lm_loss(outputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Te
 def worst_grad_diff(name: str) -> float:
     """Largest |pipeline grad - plain autograd grad| of a TinyTransformer cut into `name`'s
     stages and run by `LocalPipeline` (4 ranks' programs, 4 microbatches, one process)."""
-    from zbkit.models import TinyTransformer, split_stages
-    from zbkit.pipeline import LocalPipeline
-
     with torch.random.fork_rng(devices=[]):  # the learner's random stream stays as it was
         torch.manual_seed(0)
         model = TinyTransformer(layers=8)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from zbkit.exercises._core import as_names, exercise
+from zbkit.launch import LaunchError
 from zbkit.schedules import (
     KINDS,
     Action,
@@ -117,8 +118,6 @@ def waiting_call(stack: str) -> str | None:
 
 @exercise("07.2", "the LaunchError the barrier/recv hang raised (`except LaunchError as err`)")
 def barrier_against_recv(answer: Any) -> tuple[bool, str]:
-    from zbkit.launch import LaunchError
-
     if not isinstance(answer, LaunchError):
         return False, (
             f"give the error itself (`except LaunchError as err: answer = err`), got "

@@ -139,6 +139,8 @@ def torch_split_fails_in() -> tuple[str | None, str]:
 
 def exact_matches_plain() -> bool:
     """Under zbkit's exact_split_backward(), torch's calls give plain backward's gradients."""
+    # lazily: torchpp loads torch.distributed.pipelining (most of a second), and the first
+    # check() of any notebook's exercise loads every _nbNN module
     import zbkit.torchpp
 
     with torch.random.fork_rng(devices=[]):
