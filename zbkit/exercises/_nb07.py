@@ -26,7 +26,8 @@ from zbkit.schedules import (
     build_schedule,
     validate,
 )
-from zbkit.schedules.core.plan import CommOp, derive_plan
+from zbkit.schedules.core.plan import CommOp
+from zbkit.schedules.core.schedule import derive_plan
 from zbkit.schedules.sim import engine
 from zbkit.splitgrad import (
     GradDirection,

@@ -1,4 +1,4 @@
-"""Point-to-point transfers of one step's tensors, following the plan (``schedules.plan``).
+"""Point-to-point transfers of one step's tensors, following the plan (``schedules.core.plan``).
 
 The plan (``derive_plan``) says which tensors go where and when; this module moves them.
 On the wire every message has fixed tags computed from (what, stage, microbatch), so a
