@@ -136,7 +136,7 @@ class TorchRecorder:
             start = self.clock()
             gpu = self._cuda.start() if self._cuda is not None else None
             out = method(*args, **kwargs)
-            if gpu is not None:
+            if self._cuda is not None and gpu is not None:
                 self._cuda.stop(gpu, len(self._events))
             end = self.clock()
             s = int(stage.stage_index)

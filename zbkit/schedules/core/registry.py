@@ -31,8 +31,8 @@ class Formulas(NamedTuple):
     """The paper's closed forms; each `(pp, m, v, costs) -> (text, value)`, or None where
     its assumptions fail (`conditions` says which, for the user)."""
 
-    bubble: Callable[[int, int, int, Any], tuple[str, float] | None]
-    peak: Callable[[int, int, int, Any], tuple[str, float] | None] | None = None
+    bubble: Callable[[int, int, int, Any], Any]  # formulas.Bubble | None
+    peak: Callable[[int, int, int, Any], Any] | None = None  # formulas.Peak | None
     conditions: str = ""  # e.g. "W <= min(F, I) and m >= p"; "" where they always hold
 
 

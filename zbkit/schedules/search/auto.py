@@ -162,8 +162,8 @@ def _search(problem: Problem, name: str) -> AutoSearch:
             )
             continue
         except Slower as err:
-            best = candidates[min(scored)[2]].name
-            rows[i] = Tried(candidate, None, None, f"stopped: slower than {best} ({err})")
+            leader = candidates[min(scored)[2]].name
+            rows[i] = Tried(candidate, None, None, f"stopped: slower than {leader} ({err})")
             continue
         peak = max(
             (running_peak(delta[a.stage, a.kind] for a in actions) for actions in program.values()),

@@ -32,8 +32,8 @@ def check_torch_ops(schedule: Schedule) -> None:
     def fail(rank: int, op: TorchOp, why: str) -> ScheduleError:
         return ScheduleError(f"rank {rank}: {op} {why}")
 
-    for rank, items in sorted(ops.items()):
-        for slot, op in items:
+    for rank, listed in sorted(ops.items()):
+        for slot, op in listed:
             if not 0 <= op.stage < n or where[op.stage] != rank:
                 home = f"rank {where[op.stage]}" if 0 <= op.stage < n else "no rank"
                 raise fail(rank, op, f"is on rank {rank}, but stage {op.stage} lives on {home}")
