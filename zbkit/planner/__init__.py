@@ -1,0 +1,19 @@
+"""Your model in seconds and bytes: profile its layers, predict every rank's step.
+
+>>> from zbkit import planner
+>>> prof = planner.profile([embed, *blocks, head], (tokens, targets), loss_fn=loss)
+>>> prof.layers[0].activation_bytes, prof.layers[0].forward.median
+
+`profile` measures each layer's F, I and W in seconds (zbkit's own split backward) and its
+bytes (torch's own allocator for what is held between them; the tensors for parameters,
+optimizer state and the output). A `Profile` saves and loads as JSON.
+"""
+
+from zbkit._public import public_dir
+from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
+
+__all__ = ["OPTIMIZERS", "LayerProfile", "Profile", "Timing", "profile"]
+
+
+def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
+    return public_dir(globals(), __all__)

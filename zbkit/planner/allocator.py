@@ -1,0 +1,74 @@
+"""What torch's own allocator did while some code ran: each allocation and free, in order.
+
+On CUDA the allocator keeps counters (`torch.cuda.memory_allocated`); on the CPU it keeps
+none, but `torch.profiler` with ``profile_memory=True`` records every allocation and free
+with its bytes and time. `watch(fn)` runs `fn` under the profiler and returns those changes
+and the spans of the `torch.profiler.record_function` marks `fn` set, so a caller reads the
+bytes live at the end of each mark: the oracle the planner's byte counts are held to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+__all__ = ["Watched", "watch"]
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The allocator's changes while `fn` ran (bytes, + allocated, - freed, in time order)
+    and each mark's (start, end) on the same clock."""
+
+    changes: list[tuple[int, int]]  # (time in ns, bytes)
+    marks: dict[str, tuple[int, int]]
+
+    def live_at(self, time: int) -> int:
+        """Bytes allocated since the watch began and still held at `time`."""
+        return sum(b for t, b in self.changes if t <= time)
+
+    def after(self, mark: str) -> int:
+        """Bytes allocated since the watch began and still held when `mark` ended."""
+        return self.live_at(self.marks[mark][1])
+
+    def peak(self) -> int:
+        """The most bytes held at once above what was held when the watch began."""
+        return max(0, max(accumulate(b for _, b in self.changes), default=0))
+
+
+def watch(fn: Callable[[], object], device: torch.device) -> Watched:
+    """Run `fn` under `torch.profiler`, recording the allocator's events on `device`."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, profile_memory=True) as prof:
+        fn()
+    changes, marks = [], {}
+    for event in _walk(prof.profiler.kineto_results.experimental_event_tree()):
+        extra = event.extra_fields
+        if hasattr(extra, "alloc_size"):  # an allocation (+) or a free (-)
+            if _on(extra, device):
+                changes.append((event.start_time_ns, int(extra.alloc_size)))
+        elif event.name.startswith("zbkit."):
+            marks[event.name] = (event.start_time_ns, event.end_time_ns)
+    changes.sort(key=lambda c: c[0])
+    return Watched(changes, marks)
+
+
+def _walk(nodes) -> list:
+    out, todo = [], list(nodes)
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        todo.extend(node.children)
+    return out
+
+
+def _on(extra, device: torch.device) -> bool:
+    """Whether an allocation event is on `device` (CPU: the host allocator)."""
+    kind = str(getattr(extra, "device_type", "")).lower()
+    return ("cuda" in kind) == (device.type == "cuda")

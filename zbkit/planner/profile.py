@@ -1,0 +1,379 @@
+"""`profile(layers, sample)`: each layer's F, I and W in seconds and its memory in bytes.
+
+The layers are run as a pipeline runs them: each fed the previous one's output (a tensor, a
+tuple or a dict), its input received detached, its backward split by zbkit's own
+`stage_backward_input` / `stage_backward_weight`. Per layer:
+
+- times: the median of `repeats` runs of F, I and W, and their spread (fastest, slowest);
+- bytes, read from torch's own allocator (`allocator.watch`): what F leaves held until I (the
+  saved activations and the output, which a runtime keeps for the backward), what I leaves
+  held until W, and the weight gradients W makes;
+- bytes counted from the tensors themselves: parameters, the optimizer's state for the
+  optimizer named (built on copies and stepped once, so its state has its real dtype) and the
+  output (what goes over the wire to the next stage).
+
+The profile keeps the device, dtype, sample shape and optimizer, and saves and loads as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from os import PathLike
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from zbkit.planner.allocator import watch
+from zbkit.splitgrad import stage_backward_input, stage_backward_weight
+
+__all__ = ["OPTIMIZERS", "LayerProfile", "Profile", "Timing", "profile"]
+
+# the optimizers named by a string; a callable `params -> torch.optim.Optimizer` also works
+OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "adam": lambda params: torch.optim.Adam(params),
+    "adamw": lambda params: torch.optim.AdamW(params),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1),
+    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one action: the median of the runs, the fastest and the slowest."""
+
+    median: float
+    fastest: float
+    slowest: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Timing:
+        return cls(statistics.median(samples), min(samples), max(samples))
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer of the model, measured on one microbatch (see the module docstring)."""
+
+    name: str
+    forward: Timing
+    input_grad: Timing
+    weight_grad: Timing
+    activation_bytes: int  # held from F until I: saved tensors and the output
+    weight_state_bytes: int  # held from I until W
+    param_bytes: int
+    grad_bytes: int  # what W leaves in `.grad`
+    optimizer_bytes: int  # the optimizer's state for these parameters
+    output_bytes: int  # what the next layer receives
+    params: int  # number of parameter elements
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every layer's `LayerProfile`, and what they were measured on."""
+
+    layers: tuple[LayerProfile, ...]
+    device: str
+    dtype: str
+    sample: dict[str, Any] = field(default_factory=dict)  # the microbatch's shapes and dtypes
+    optimizer: str = "adam"
+    repeats: int = 5
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Profile:
+        data = json.loads(text)
+        layers = []
+        for layer in data.pop("layers"):
+            for k in ("forward", "input_grad", "weight_grad"):
+                layer[k] = Timing(**layer[k])
+            layers.append(LayerProfile(**layer))
+        return cls(layers=tuple(layers), **data)
+
+    def save(self, path: str | PathLike) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | PathLike) -> Profile:
+        with open(path) as f:
+            return cls.from_json(f.read())
+
+
+def profile(
+    layers: nn.Sequential | Sequence[nn.Module],
+    sample: Any,
+    *,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: str | Callable[[list[torch.Tensor]], torch.optim.Optimizer] = "adam",
+    repeats: int = 5,
+) -> Profile:
+    """Measure each of `layers` on one microbatch `sample` (module docstring).
+
+    `sample` is the first layer's input (a tensor, a tuple of positional inputs or a dict of
+    keyword inputs); with `loss_fn`, it is `(inputs, target)` and the last layer's output
+    and the target go to `loss_fn(output, target)`. Without one, the last layer's output is
+    backpropagated with ones (its sum)."""
+    mods = _check_layers(layers)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"profile: repeats must be an int >= 1, got {repeats!r}")
+    make_optimizer, optimizer_name = _optimizer(optimizer)
+    device = _device(mods)
+    inputs, target = _split_sample(sample, loss_fn)
+    _check_device("the sample", inputs, device)
+    feeds = _feeds(mods, inputs)
+    dtype = _dtype(mods)
+    measured = []
+    for i, (mod, x) in enumerate(zip(mods, feeds, strict=True)):
+        last = i == len(mods) - 1
+        loss = (lambda out: loss_fn(out, target)) if last and loss_fn is not None else None
+        measured.append(_layer(i, mod, x, i > 0, loss, make_optimizer, repeats, device))
+    return Profile(tuple(measured), str(device), str(dtype).removeprefix("torch."),
+                   _describe(inputs), optimizer_name, repeats)  # fmt: skip
+
+
+# ---- checks and plumbing ------------------------------------------------------------------
+
+
+def _check_layers(layers: Any) -> list[nn.Module]:
+    if isinstance(layers, nn.Module) and not isinstance(layers, nn.Sequential):
+        raise TypeError(
+            f"profile takes an nn.Sequential or a list of modules, got one {type(layers).__name__}"
+            ": pass its parts in order, e.g. [model.embed, *model.blocks, model.head]"
+        )
+    mods = list(layers)
+    if not mods:
+        raise ValueError("profile: no layers given")
+    for i, mod in enumerate(mods):
+        if not isinstance(mod, nn.Module):
+            raise TypeError(f"profile: layer {i} is a {type(mod).__name__}, not an nn.Module")
+    return mods
+
+
+def _optimizer(optimizer: Any) -> tuple[Callable, str]:
+    if isinstance(optimizer, str):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"profile: unknown optimizer {optimizer!r}: name one of {', '.join(OPTIMIZERS)}"
+                " or pass a callable params -> torch.optim.Optimizer"
+            )
+        return OPTIMIZERS[optimizer], optimizer
+    if callable(optimizer):
+        return optimizer, getattr(optimizer, "__name__", type(optimizer).__name__)
+    raise TypeError(f"profile: optimizer must be a name or a callable, got {optimizer!r}")
+
+
+def _device(mods: list[nn.Module]) -> torch.device:
+    where: dict[torch.device, int] = {}
+    for i, mod in enumerate(mods):
+        for t in [*mod.parameters(), *mod.buffers()]:
+            where.setdefault(t.device, i)
+    if len(where) > 1:
+        listed = ", ".join(f"{d} (layer {i} first)" for d, i in where.items())
+        raise ValueError(f"profile: the layers are on several devices: {listed}; move them to one")
+    return next(iter(where), torch.device("cpu"))
+
+
+def _dtype(mods: list[nn.Module]) -> torch.dtype:
+    found = [p.dtype for m in mods for p in m.parameters() if p.is_floating_point()]
+    return max(set(found), key=found.count) if found else torch.get_default_dtype()
+
+
+def _split_sample(sample: Any, loss_fn: Any) -> tuple[Any, Any]:
+    if loss_fn is None:
+        return sample, None
+    if not callable(loss_fn):
+        raise TypeError(f"profile: loss_fn must be callable, got {loss_fn!r}")
+    if not isinstance(sample, tuple | list) or len(sample) != 2:
+        raise ValueError("profile: with a loss_fn, sample is (inputs, target)")
+    return sample[0], sample[1]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _check_device(what: str, value: Any, device: torch.device) -> None:
+    for t in _tensors(value):
+        if t.device != device:
+            raise ValueError(f"profile: {what} is on {t.device}, the layers on {device}")
+
+
+def _call(mod: nn.Module, x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return mod(**x)
+    if isinstance(x, tuple):
+        return mod(*x)
+    return mod(x)
+
+
+def _describe(value: Any) -> Any:
+    """The shapes and dtypes of a value's tensors, as JSON takes them."""
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, Mapping):
+        return {str(k): _describe(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_describe(v) for v in value]
+    return repr(value)
+
+
+def _feeds(mods: list[nn.Module], inputs: Any) -> list[Any]:
+    """Each layer's input: the previous layer's output on `inputs`, without autograd."""
+    feeds, x = [], inputs
+    with torch.no_grad():
+        for i, mod in enumerate(mods):
+            feeds.append(x)
+            try:
+                x = _call(mod, x)
+            except Exception as err:  # the pair that does not fit, and what was passed
+                came = "the sample" if i == 0 else f"layer {i - 1}'s output"
+                raise ValueError(
+                    f"profile: layer {i} ({type(mod).__name__}) cannot take {came} "
+                    f"({_describe(x)}): {type(err).__name__}: {err}"
+                ) from err
+    return feeds
+
+
+def _received(x: Any, grads: bool) -> Any:
+    """`x` as a stage receives it: detached, its floating tensors asking for gradients
+    (not the first layer's: its inputs are data)."""
+    if isinstance(x, torch.Tensor):
+        out = x.detach().clone()
+        return out.requires_grad_() if grads and out.is_floating_point() else out
+    if isinstance(x, Mapping):
+        return {k: _received(v, grads) for k, v in x.items()}
+    if isinstance(x, tuple | list):
+        return type(x)(_received(v, grads) for v in x)
+    return x
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- one layer ----------------------------------------------------------------------------
+
+
+def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerProfile:
+    params = [p for p in mod.parameters() if p.requires_grad]
+    held = [p.grad for p in params]  # put back afterwards: profiling leaves no gradients
+    for p in params:
+        p.grad = None
+    try:
+        times = [_timed_step(mod, _received(feed, grads), params, loss, device)
+                 for _ in range(repeats)]  # fmt: skip
+        watched = _watched_step(mod, _received(feed, grads), params, loss, device)
+    finally:
+        for p, g in zip(params, held, strict=True):
+            p.grad = g
+    with torch.no_grad():
+        out = _call(mod, _received(feed, False))
+    return LayerProfile(
+        name=f"{i}: {type(mod).__name__}",
+        forward=Timing.of([t[0] for t in times]),
+        input_grad=Timing.of([t[1] for t in times]),
+        weight_grad=Timing.of([t[2] for t in times]),
+        activation_bytes=watched[0],
+        weight_state_bytes=watched[1],
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        grad_bytes=watched[2],
+        optimizer_bytes=_optimizer_bytes(params, make_optimizer),
+        output_bytes=sum(t.numel() * t.element_size() for t in _tensors(out)),
+        params=sum(p.numel() for p in params),
+    )
+
+
+def _backward_roots(out: Any, loss) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """Where I starts: the loss, or each output that has a graph, with ones as its gradient."""
+    if loss is not None:
+        value = loss(out)
+        if not isinstance(value, torch.Tensor) or value.grad_fn is None:
+            raise ValueError(
+                "profile: loss_fn returned no graph (a tensor computed from the last layer's "
+                f"output, with a grad_fn), got {_describe(value)}"
+            )
+        return [value], None
+    roots = [t for t in _tensors(out) if t.grad_fn is not None]
+    return roots, [torch.ones_like(t) for t in roots]
+
+
+def _step(mod, x, params, loss, mark: Callable[[str], Any]) -> None:
+    """F, I then W of one microbatch, each inside `mark(name)`; nothing kept after W."""
+    inputs = [t for t in _tensors(x) if t.requires_grad]
+    with mark("zbkit.F"):
+        out = _call(mod, x)
+    with mark("zbkit.I"):
+        roots, seeds = _backward_roots(out, loss)
+        result = stage_backward_input(roots, seeds, inputs, params)
+        pending = result.pending_weight
+        del out, roots, seeds, result  # sent upstream and let go, as a runtime does
+        for t in inputs:
+            t.grad = None
+    with mark("zbkit.W"):
+        stage_backward_weight(params, pending)
+        del pending
+
+
+def _timed_step(mod, x, params, loss, device) -> tuple[float, float, float]:
+    spans: dict[str, float] = {}
+
+    class Clock:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> None:
+            _sync(device)
+            self.start = time.perf_counter()
+
+        def __exit__(self, *exc) -> None:
+            _sync(device)
+            spans[self.name] = time.perf_counter() - self.start
+
+    _step(mod, x, params, loss, Clock)
+    for p in params:
+        p.grad = None
+    return spans["zbkit.F"], spans["zbkit.I"], spans["zbkit.W"]
+
+
+def _watched_step(mod, x, params, loss, device) -> tuple[int, int, int]:
+    """Bytes held after F, after I and after W, by the allocator."""
+    watched = watch(lambda: _step(mod, x, params, loss, record_function), device)
+    held = (watched.after("zbkit.F"), watched.after("zbkit.I"), watched.after("zbkit.W"))
+    for p in params:
+        p.grad = None
+    return held
+
+
+def _optimizer_bytes(params: list[torch.Tensor], make_optimizer: Callable) -> int:
+    """The state `make_optimizer` keeps for `params`, built on copies and stepped once."""
+    if not params:
+        return 0
+    copies = [p.detach().clone().requires_grad_() for p in params]
+    for c in copies:
+        c.grad = torch.zeros_like(c)
+    opt = make_optimizer(copies)
+    opt.step()
+    return sum(
+        v.numel() * v.element_size()
+        for state in opt.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
