@@ -3,16 +3,30 @@
 >>> from zbkit import planner
 >>> prof = planner.profile([embed, *blocks, head], (tokens, targets), loss_fn=loss)
 >>> prof.layers[0].activation_bytes, prof.layers[0].forward.median
+>>> print(planner.predict(prof, "zb-v", pp=2, microbatches=4))
 
 `profile` measures each layer's F, I and W in seconds (zbkit's own split backward) and its
 bytes (torch's own allocator for what is held between them; the tensors for parameters,
-optimizer state and the output). A `Profile` saves and loads as JSON.
+optimizer state and the output). A `Profile` saves and loads as JSON. `predict` runs the
+simulator on a schedule's stages in seconds and bytes and says, per rank, the peak bytes of
+a training step with what is held at that peak, and the step's seconds.
 """
 
 from zbkit._public import public_dir
+from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
 
-__all__ = ["OPTIMIZERS", "LayerProfile", "Profile", "Timing", "profile"]
+__all__ = [
+    "OPTIMIZERS",
+    "LayerProfile",
+    "Prediction",
+    "Profile",
+    "RankPrediction",
+    "Timing",
+    "balanced",
+    "predict",
+    "profile",
+]
 
 
 def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules

@@ -71,6 +71,11 @@ class LayerProfile:
     optimizer_bytes: int  # the optimizer's state for these parameters
     output_bytes: int  # what the next layer receives
     params: int  # number of parameter elements
+    step: Timing  # the optimizer's step on these parameters
+    step_bytes: int  # what the step allocates for a while above the state it keeps
+
+
+_TIMINGS = ("forward", "input_grad", "weight_grad", "step")
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class Profile:
         data = json.loads(text)
         layers = []
         for layer in data.pop("layers"):
-            for k in ("forward", "input_grad", "weight_grad"):
+            for k in _TIMINGS:
                 layer[k] = Timing(**layer[k])
             layers.append(LayerProfile(**layer))
         return cls(layers=tuple(layers), **data)
@@ -286,6 +291,7 @@ def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerP
             p.grad = g
     with torch.no_grad():
         out = _call(mod, _received(feed, False))
+    state, step, step_bytes = _optimizer_step(params, make_optimizer, repeats, device)
     return LayerProfile(
         name=f"{i}: {type(mod).__name__}",
         forward=Timing.of([t[0] for t in times]),
@@ -295,7 +301,9 @@ def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerP
         weight_state_bytes=watched[1],
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         grad_bytes=watched[2],
-        optimizer_bytes=_optimizer_bytes(params, make_optimizer),
+        optimizer_bytes=state,
+        step=step,
+        step_bytes=step_bytes,
         output_bytes=sum(t.numel() * t.element_size() for t in _tensors(out)),
         params=sum(p.numel() for p in params),
     )
@@ -362,18 +370,30 @@ def _watched_step(mod, x, params, loss, device) -> tuple[int, int, int]:
     return held
 
 
-def _optimizer_bytes(params: list[torch.Tensor], make_optimizer: Callable) -> int:
-    """The state `make_optimizer` keeps for `params`, built on copies and stepped once."""
+def _optimizer_step(
+    params: list[torch.Tensor], make_optimizer: Callable, repeats: int, device: torch.device
+) -> tuple[int, Timing, int]:
+    """The state `make_optimizer` keeps for `params`, the time of its step and what a step
+    allocates for a while above that state, on copies of `params` (the model is left as it
+    was): the first step makes the state, the later ones are timed and watched."""
     if not params:
-        return 0
+        return 0, Timing(0.0, 0.0, 0.0), 0
     copies = [p.detach().clone().requires_grad_() for p in params]
     for c in copies:
         c.grad = torch.zeros_like(c)
     opt = make_optimizer(copies)
-    opt.step()
-    return sum(
+    opt.step()  # the state appears here
+    state = sum(
         v.numel() * v.element_size()
-        for state in opt.state.values()
-        for v in state.values()
+        for kept in opt.state.values()
+        for v in kept.values()
         if isinstance(v, torch.Tensor)
     )
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        opt.step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return state, Timing.of(times), watch(opt.step, device).peak()

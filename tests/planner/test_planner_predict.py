@@ -1,0 +1,160 @@
+"""`planner.predict`: per-rank bytes against the modules' own sizes and the simulator's own
+peak, the balanced cut against every cut, and the errors for stages that cannot be."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from zbkit import planner
+from zbkit.planner import LayerProfile, Profile, Timing
+from zbkit.schedules import Costs, build_schedule, simulate
+
+V, H, S, B = 256, 32, 8, 2
+
+
+def _mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(H, 4 * H), nn.GELU(), nn.Linear(4 * H, H))
+
+
+def _model() -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [nn.Embedding(V, H), *[_mlp() for _ in range(4)], nn.Linear(H, V)]
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out.reshape(-1, V), target.reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def measured() -> tuple[list[nn.Module], Profile]:
+    layers = _model()
+    g = torch.Generator().manual_seed(2)
+    sample = (torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g))
+    return layers, planner.profile(layers, sample, loss_fn=_loss, repeats=2)
+
+
+def _bytes(modules: list[nn.Module]) -> int:
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def test_each_ranks_parameters_are_its_stages_modules(measured):
+    layers, prof = measured
+    for name in ("1f1b", "zb-v", "interleaved-1f1b", "dualpipev"):
+        pred = planner.predict(prof, name, pp=2, microbatches=4)
+        where = pred.schedule.stage_to_rank
+        for r, rank in enumerate(pred.ranks):
+            mine = [layers[i] for s, part in enumerate(pred.stages) if where[s] == r for i in part]
+            assert rank.parameters == _bytes(mine), (name, r)
+            assert rank.optimizer == 2 * _bytes(mine) + 4 * sum(
+                len(list(m.parameters())) for m in mine
+            )
+    v = planner.predict(prof, "zb-v", pp=2, microbatches=4)
+    # the V puts the first and the last stage on rank 0: the embedding and the head
+    assert v.schedule.stage_to_rank == [0, 1, 1, 0]
+    assert 0 in v.stages[0] and len(layers) - 1 in v.stages[-1]
+
+
+def test_the_peak_is_what_the_simulator_holds_plus_what_never_leaves(measured):
+    _, prof = measured
+    pred = planner.predict(prof, "1f1b", pp=2, microbatches=4)
+    # the simulator's own peak on the stages' activations and received inputs (1F1B keeps
+    # no W state): the same number the breakdown replays
+    alone = simulate(pred.schedule, [Costs(mem_activation=c.mem_activation) for c in pred.costs])
+    for r, rank in enumerate(pred.ranks):
+        assert rank.weight_state == 0
+        assert rank.activations + rank.received == alone.peak_memory[r]
+        # 1F1B peaks at its first backward's start: every stage's gradients are there
+        mine = [s for s, w in enumerate(pred.schedule.stage_to_rank) if w == r]
+        grads = sum(prof.layers[i].grad_bytes for s in mine for i in pred.stages[s])
+        assert rank.gradients == grads
+        if not rank.at_step:
+            assert rank.peak_bytes == sum(rank.breakdown.values())
+    assert pred.ranks[0].received == 0 and pred.ranks[1].received > 0
+
+
+def test_a_split_backward_holds_w_state_and_each_part_counts(measured):
+    _, prof = measured
+    one = planner.predict(prof, "1f1b", pp=2, microbatches=4)
+    h1 = planner.predict(prof, "zb-h1", pp=2, microbatches=4)
+    for a, b in zip(one.ranks, h1.ranks, strict=True):
+        assert b.weight_state > 0
+        assert b.peak_bytes == sum(b.breakdown.values()) or b.at_step
+        assert b.parameters == a.parameters and b.optimizer == a.optimizer
+    # more warm-up forwards hold more: ZB-H2 over ZB-H1 on rank 0
+    h2 = planner.predict(prof, "zb-h2", pp=2, microbatches=4)
+    assert h2.ranks[0].activations > h1.ranks[0].activations
+
+
+def test_the_step_ends_with_each_ranks_optimizer_step(measured):
+    _, prof = measured
+    pred = planner.predict(prof, "zb-h1", pp=2, microbatches=4, hop=1e-3, overhead=2e-4)
+    for r, rank in enumerate(pred.ranks):
+        mine = [s for s, w in enumerate(pred.schedule.stage_to_rank) if w == r]
+        step = sum(prof.layers[i].step.median for s in mine for i in pred.stages[s])
+        last = max(end for _, end in pred.simulation.times[r])
+        assert rank.seconds == pytest.approx(last + step)
+    assert pred.step_seconds == max(r.seconds for r in pred.ranks)
+    forward = sum(prof.layers[i].forward.median for i in pred.stages[0])
+    assert pred.costs[0].F == pytest.approx(forward + 2e-4)  # the runtime's own, per action
+    assert pred.costs[1].comm == 1e-3
+
+
+def _synthetic(works: list[float]) -> Profile:
+    t = [Timing(w / 3, w / 3, w / 3) for w in works]
+    layers = tuple(
+        LayerProfile(f"{i}", x, x, x, 1, 1, 1, 1, 1, 1, 1, Timing(0, 0, 0), 0)
+        for i, x in enumerate(t)
+    )
+    return Profile(layers, "cpu", "float32")
+
+
+def _slowest(works: list[float], cuts: tuple[int, ...]) -> float:
+    edges = [0, *cuts, len(works)]
+    return max(sum(works[a:b]) for a, b in itertools.pairwise(edges))
+
+
+def test_the_balanced_cut_is_the_best_contiguous_cut():
+    rng = random.Random(5)
+    for _ in range(40):
+        n, k = rng.randint(2, 8), rng.randint(1, 4)
+        if k > n:
+            continue
+        works = [rng.choice([0.5, 1.0, 2.0, 3.0]) for _ in range(n)]
+        parts = planner.balanced(_synthetic(works), k)
+        assert [i for p in parts for i in p] == list(range(n)) and len(parts) == k
+
+        best = min(_slowest(works, cuts) for cuts in itertools.combinations(range(1, n), k - 1))
+        got = max(sum(works[i] for i in p) for p in parts)
+        assert got == pytest.approx(best)
+
+
+def test_a_built_schedule_and_given_stages(measured):
+    _, prof = measured
+    schedule = build_schedule("zb-h1", pp=2, microbatches=4)
+    pred = planner.predict(prof, schedule, pp=2, microbatches=4, stages=[range(0, 2), [2, 3, 4, 5]])
+    assert pred.stages == [range(0, 2), range(2, 6)] and pred.schedule is schedule
+
+
+def test_stages_that_cannot_be_are_named(measured):
+    _, prof = measured
+    with pytest.raises(ValueError, match="do not cover the 6 layers 0-5 once each"):
+        planner.predict(prof, "1f1b", pp=2, microbatches=4, stages=[range(0, 2), range(3, 6)])
+    with pytest.raises(ValueError, match="3 stages given, the schedule has 2"):
+        planner.predict(prof, "1f1b", pp=2, microbatches=4, stages=[[0, 1], [2, 3], [4, 5]])
+    with pytest.raises(ValueError, match=r"stage 0's layers \[0, 2\] are not a contiguous run"):
+        planner.predict(prof, "1f1b", pp=2, microbatches=4, stages=[[0, 2], [1, 3, 4, 5]])
+    with pytest.raises(ValueError, match="8 stages but 6 layers"):
+        planner.predict(prof, "zb-v", pp=4, microbatches=8)
+    with pytest.raises(ValueError, match="is for pp=2, m=4, not pp=2, microbatches=8"):
+        planner.predict(prof, build_schedule("1f1b", pp=2, microbatches=4), pp=2, microbatches=8)
+    with pytest.raises(TypeError, match="takes a planner.Profile"):
+        planner.predict({}, "1f1b", pp=2, microbatches=4)
+    with pytest.raises(ValueError, match="hop must be seconds >= 0"):
+        planner.predict(prof, "1f1b", pp=2, microbatches=4, hop=-1)
+    with pytest.raises(ValueError, match="unknown schedule 'zb-x'"):
+        planner.predict(prof, "zb-x", pp=2, microbatches=4)

@@ -1,0 +1,293 @@
+"""`predict(profile, schedule, pp=, microbatches=)`: every rank's step time and peak bytes.
+
+Each stage is a contiguous run of the profile's layers (`stages`, or balanced by time). Its
+`Costs` are in seconds and bytes: F, I and W the sums of its layers' medians (plus the
+runtime's own `overhead` per action and the wire's `hop` per transfer, both measured by the
+caller), `mem_activation` what one microbatch's F leaves held until its I (its layers'
+activations and the input it received), `mem_weight` what I leaves held until W. The
+simulator runs the schedule on them; every rank's peak is then read from the same memory
+rule, split into what is held: parameters, gradients (from a stage's first weight pass on),
+optimizer state, activations, W state and received inputs. The optimizer's step follows the
+last action of each rank and may peak higher: its own transient bytes above the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from zbkit.planner.profile import Profile
+from zbkit.schedules import KINDS, Costs, Schedule, Simulation, build_schedule, simulate
+from zbkit.schedules.catalog import record
+
+__all__ = ["Prediction", "RankPrediction", "balanced", "predict"]
+
+_PARTS = ("activations", "weight_state", "received", "gradients")
+
+
+@dataclass(frozen=True)
+class RankPrediction:
+    """One rank's step: its peak bytes, what is held at that peak, and its seconds."""
+
+    peak_bytes: int
+    parameters: int
+    gradients: int  # at the peak: the stages whose first weight pass has run
+    optimizer: int
+    activations: int  # saved for the backward (F until I)
+    weight_state: int  # kept for the weight pass (I until W)
+    received: int  # inputs received from the previous stage, held until their I
+    seconds: float  # from the step's start to the end of this rank's optimizer step
+    at_step: bool  # the peak is the optimizer's step, not the compute
+
+    @property
+    def breakdown(self) -> dict[str, int]:
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "weight_state": self.weight_state,
+            "received": self.received,
+        }
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What `predict` says of one plan: per rank, and the step as a whole."""
+
+    schedule: Schedule
+    stages: list[range]  # the layers of each stage
+    costs: list[Costs]  # per stage, in seconds and bytes
+    simulation: Simulation
+    ranks: list[RankPrediction]
+    step_seconds: float
+    profile: Profile = field(repr=False)
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.schedule.name}, pp={self.schedule.pp}, m={self.schedule.microbatches}: "
+            f"step {self.step_seconds * 1e3:.3g} ms",
+            f"{'rank':>4} {'peak':>10} {'params':>10} {'grads':>10} {'optim':>10} "
+            f"{'activ':>10} {'W state':>10} {'recv':>10}",
+        ]
+        for r, p in enumerate(self.ranks):
+            cells = [p.peak_bytes, *p.breakdown.values()]
+            lines.append(f"{r:>4} " + " ".join(f"{_mb(c):>10}" for c in cells))
+        lines.append("(bytes in MiB; stages: " + ", ".join(_span(s) for s in self.stages) + ")")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+def _mb(value: int) -> str:
+    return f"{value / 2**20:.3f}"
+
+
+def _span(layers: range) -> str:
+    return f"{layers.start}-{layers.stop - 1}" if len(layers) > 1 else str(layers.start)
+
+
+def predict(
+    profile: Profile,
+    schedule: str | Schedule,
+    *,
+    pp: int,
+    microbatches: int,
+    stages: Sequence[Sequence[int] | range] | None = None,
+    hop: float = 0.0,
+    overhead: float = 0.0,
+    **options,
+) -> Prediction:
+    """Predict `schedule` (a name of `zbkit.schedules.SCHEDULES`, with its `options`, or a
+    built `Schedule`) on `pp` ranks with `microbatches`, from `profile` (module docstring).
+
+    `stages`: the layers of each stage, in order, covering every layer once (`None`: balanced
+    by F + I + W, `balanced`). `hop`: seconds a transfer between ranks adds to a wait;
+    `overhead`: the runtime's own seconds per action (both measured, e.g. from a run's
+    trace with `zbkit.schedules.measure`)."""
+    if not isinstance(profile, Profile):
+        raise TypeError(f"predict takes a planner.Profile, got {type(profile).__name__}")
+    for what, value in (("hop", hop), ("overhead", overhead)):
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"predict: {what} must be seconds >= 0, got {value!r}")
+    count = _stage_count(schedule, pp, options)
+    parts = _check_stages(profile, stages, count) if stages is not None else None
+    parts = parts or balanced(profile, count)
+    costs = [_stage_costs(profile, layers, hop, overhead) for layers in parts]
+    built = _built(schedule, pp, microbatches, costs, options)
+    sim = simulate(built, costs)
+    ranks = _ranks(profile, built, parts, sim)
+    return Prediction(built, parts, costs, sim, ranks, max(r.seconds for r in ranks), profile)
+
+
+# ---- stages -------------------------------------------------------------------------------
+
+
+def _stage_count(schedule: str | Schedule, pp: int, options: dict) -> int:
+    if isinstance(schedule, Schedule):
+        if options:
+            raise ValueError(f"predict: options {sorted(options)} go with a name, not a Schedule")
+        return schedule.num_stages
+    if not isinstance(schedule, str):
+        raise TypeError(f"predict: schedule is a name or a Schedule, got {schedule!r}")
+    if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+        raise ValueError(f"predict: pp must be an int >= 1, got {pp!r}")
+    return len(record(schedule).stage_to_rank(pp, **options))
+
+
+def _check_stages(profile: Profile, stages, count: int) -> list[range]:
+    parts = []
+    for i, layers in enumerate(stages):
+        found = list(layers)
+        if not found or found != list(range(found[0], found[0] + len(found))):
+            raise ValueError(f"predict: stage {i}'s layers {found} are not a contiguous run")
+        parts.append(range(found[0], found[-1] + 1))
+    flat = [i for part in parts for i in part]
+    if flat != list(range(len(profile))):
+        raise ValueError(
+            f"predict: stages {[_span(p) for p in parts]} do not cover the {len(profile)} "
+            f"layers 0-{len(profile) - 1} once each, in order"
+        )
+    if len(parts) != count:
+        raise ValueError(f"predict: {len(parts)} stages given, the schedule has {count}")
+    return parts
+
+
+def balanced(profile: Profile, stages: int) -> list[range]:
+    """Contiguous layers per stage, the slowest stage's F + I + W as short as can be (a
+    dynamic program over the cut points; ties keep earlier cuts)."""
+    n = len(profile)
+    if not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"balanced: stages must be an int >= 1, got {stages!r}")
+    if stages > n:
+        raise ValueError(
+            f"predict: {stages} stages but {n} layers: each stage needs a layer at least; "
+            "use fewer ranks or stages, or cut the model into more layers"
+        )
+    work = [0.0, *accumulate(_work(layer) for layer in profile.layers)]
+    inf = float("inf")
+    # best[k][j]: the least slowest stage putting layers 0..j-1 on k stages
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                slowest = max(best[k - 1][i], work[j] - work[i])
+                if slowest < best[k][j]:
+                    best[k][j], cut[k][j] = slowest, i
+    parts, j = [], n
+    for k in range(stages, 0, -1):
+        parts.append(range(cut[k][j], j))
+        j = cut[k][j]
+    return parts[::-1]
+
+
+def _work(layer) -> float:
+    return layer.forward.median + layer.input_grad.median + layer.weight_grad.median
+
+
+def _stage_costs(profile: Profile, layers: range, hop: float, overhead: float) -> Costs:
+    mine = [profile.layers[i] for i in layers]
+    received = profile.layers[layers.start - 1].output_bytes if layers.start > 0 else 0
+    return Costs(
+        F=sum(x.forward.median for x in mine) + overhead,
+        I=sum(x.input_grad.median for x in mine) + overhead,
+        W=sum(x.weight_grad.median for x in mine) + overhead,
+        comm=hop,
+        mem_activation=float(sum(x.activation_bytes for x in mine) + received),
+        mem_weight=float(sum(x.weight_state_bytes for x in mine)),
+    )
+
+
+def _built(schedule, pp: int, m: int, costs: list[Costs], options: dict) -> Schedule:
+    if isinstance(schedule, Schedule):
+        if (schedule.pp, schedule.microbatches) != (pp, m):
+            raise ValueError(
+                f"predict: the schedule is for pp={schedule.pp}, m={schedule.microbatches}, "
+                f"not pp={pp}, microbatches={m}"
+            )
+        return schedule
+    if record(schedule).searching(True):  # zb-auto searches for these costs, in bytes
+        return build_schedule(schedule, pp=pp, microbatches=m, costs=costs, **options)
+    return build_schedule(schedule, pp=pp, microbatches=m, **options)
+
+
+# ---- per rank -----------------------------------------------------------------------------
+
+
+def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simulation):
+    where = schedule.stage_to_rank
+    layers = profile.layers
+    per_stage: dict[str, list[int]] = {
+        "parameters": [sum(layers[i].param_bytes for i in p) for p in parts],
+        "gradients": [sum(layers[i].grad_bytes for i in p) for p in parts],
+        "optimizer": [sum(layers[i].optimizer_bytes for i in p) for p in parts],
+        "step_bytes": [sum(layers[i].step_bytes for i in p) for p in parts],
+        "activations": [sum(layers[i].activation_bytes for i in p) for p in parts],
+        "weight_state": [sum(layers[i].weight_state_bytes for i in p) for p in parts],
+        "received": [layers[p.start - 1].output_bytes if p.start > 0 else 0 for p in parts],
+    }
+    step_seconds = [sum(layers[i].step.median for i in p) for p in parts]
+    held = _held_at_peak(sim, per_stage, schedule.pp)
+    out = []
+    for r in range(schedule.pp):
+        mine = [s for s, rank in enumerate(where) if rank == r]
+
+        def total(key: str, stages: list[int] = mine) -> int:
+            return sum(per_stage[key][s] for s in stages)
+
+        def seconds_of(stages: list[int] = mine) -> float:
+            return sum(step_seconds[s] for s in stages)
+
+        static = total("parameters") + total("optimizer")
+        compute = static + sum(held[r][k] for k in _PARTS)
+        step = static + total("gradients") + total("step_bytes")
+        ends = [end for (_, end) in sim.times.get(r, [])]
+        seconds = (max(ends) if ends else 0.0) + seconds_of()
+        out.append(
+            RankPrediction(
+                max(compute, step), total("parameters"), held[r]["gradients"], total("optimizer"),
+                held[r]["activations"], held[r]["weight_state"], held[r]["received"],
+                seconds, step > compute,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _held_at_peak(sim: Simulation, per_stage: dict, pp: int) -> list[dict[str, int]]:
+    """Per rank, what is held of each part at the rank's compute peak: the memory rule
+    replayed with each part's bytes (growth at an action's start, shrinking at its end, as
+    `memory_steps` does), plus a stage's gradients from the start of its first weight pass."""
+    changes: list[list[tuple[float, int, dict[str, int]]]] = [[] for _ in range(pp)]
+    weighted: set[int] = set()
+    for order, e in enumerate(sorted(sim.events, key=lambda e: (e.rank, e.start))):
+        kind = KINDS[e.kind]
+        delta = {
+            "activations": kind.act * per_stage["activations"][e.stage],
+            "received": kind.act * per_stage["received"][e.stage],
+            "weight_state": kind.weight * per_stage["weight_state"][e.stage],
+            "gradients": 0,
+        }
+        if kind.does_weight and e.stage not in weighted:
+            weighted.add(e.stage)
+            changes[e.rank].append((e.start, order, {"gradients": per_stage["gradients"][e.stage]}))
+        grow = {k: v for k, v in delta.items() if v > 0}
+        shrink = {k: v for k, v in delta.items() if v < 0}
+        if grow:
+            changes[e.rank].append((e.start, order, grow))
+        if shrink:
+            changes[e.rank].append((e.end, order, shrink))
+    out = []
+    for per_rank in changes:
+        level = dict.fromkeys(_PARTS, 0)
+        best = dict(level)
+        for _, _, delta in sorted(per_rank, key=lambda c: (c[0], c[1])):
+            for k, v in delta.items():
+                level[k] += v
+            if sum(level.values()) > sum(best.values()):
+                best = dict(level)
+        out.append(best)
+    return out
