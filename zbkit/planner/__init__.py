@@ -9,21 +9,27 @@
 bytes (torch's own allocator for what is held between them; the tensors for parameters,
 optimizer state and the output). A `Profile` saves and loads as JSON. `predict` runs the
 simulator on a schedule's stages in seconds and bytes and says, per rank, the peak bytes of
-a training step with what is held at that peak, and the step's seconds.
+a training step with what is held at that peak, and the step's seconds. `measure` runs the
+same plan on real ranks and reads each rank's peak from torch's own allocator.
 """
 
 from zbkit._public import public_dir
+from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
 
 __all__ = [
     "OPTIMIZERS",
+    "Chain",
     "LayerProfile",
+    "Measured",
     "Prediction",
     "Profile",
+    "RankMeasured",
     "RankPrediction",
     "Timing",
     "balanced",
+    "measure",
     "predict",
     "profile",
 ]

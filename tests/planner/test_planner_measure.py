@@ -1,0 +1,63 @@
+"""`planner.measure`: the plan run on real gloo ranks, its bytes held to the tensors' own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from zbkit import planner
+
+V, H, S, B, M = 128, 32, 8, 4, 2
+
+
+def _model() -> list[nn.Module]:
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(H, 4 * H), nn.GELU(), nn.Linear(4 * H, H))
+    return [nn.Embedding(V, H), mlp, nn.Linear(H, V)]
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out.reshape(-1, V), target.reshape(-1))
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+
+
+def _bytes(modules: list[nn.Module]) -> tuple[int, int]:
+    params = [p for m in modules for p in m.parameters()]
+    return sum(p.numel() * p.element_size() for p in params), len(params)
+
+
+@pytest.mark.multiprocess
+def test_each_rank_starts_with_its_parameters_and_state_and_peaks_above_them_with_grads():
+    layers = _model()
+    got = planner.measure(layers, _batch(), "zb-h1", pp=2, microbatches=M,
+                          stages=[[0, 1], [2]], loss_fn=_loss, steps=2)  # fmt: skip
+    assert got.stages == [range(0, 2), range(2, 3)]
+    for rank, mine in zip(got.ranks, ([layers[0], layers[1]], [layers[2]]), strict=True):
+        params, tensors = _bytes(mine)
+        # Adam: two moments in the parameters' dtype, one float32 step per tensor
+        assert rank.start_bytes == params + 2 * params + 4 * tensors
+        # a step makes every gradient (and activations besides) before the optimizer steps
+        assert rank.peak_bytes >= rank.start_bytes + params
+        assert len(rank.samples) == 2 and rank.seconds > 0
+    assert got.step_seconds == max(r.seconds for r in got.ranks)
+
+
+def test_what_cannot_be_measured_is_named_before_a_rank_starts():
+    layers, batch = _model(), _batch()
+    with pytest.raises(ValueError, match="needs a loss_fn"):
+        planner.measure(layers, batch, "1f1b", pp=2, microbatches=M)
+    with pytest.raises(ValueError, match=r"batch is \(inputs, targets\)"):
+        planner.measure(layers, batch[0], "1f1b", pp=2, microbatches=M, loss_fn=_loss)
+    with pytest.raises(ValueError, match="cover the 3 layers once each, in order, in 2 stages"):
+        planner.measure(layers, batch, "1f1b", pp=2, microbatches=M, loss_fn=_loss,
+                        stages=[[0], [1]])  # fmt: skip
+    with pytest.raises(ValueError, match="4 stages but 3 layers"):
+        planner.measure(layers, batch, "zb-v", pp=2, microbatches=M, loss_fn=_loss)
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        planner.measure(layers, batch, "1f1b", pp=2, microbatches=M, loss_fn=_loss,
+                        optimizer="lamb")  # fmt: skip

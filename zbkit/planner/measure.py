@@ -1,0 +1,191 @@
+"""`measure(layers, batch, schedule, pp=, microbatches=)`: the plan run for real, per rank.
+
+Each rank is a fresh process (`zbkit.launch`: gloo on CPU, NCCL on GPUs) holding its stages'
+layers in a `PipelineStage`, stepped by `ScheduleRunner` with the optimizer named. After one
+warm-up step (the optimizer's state exists from then on), `steps` steps are timed and one
+more is watched by torch's own allocator: on CUDA `max_memory_allocated` after
+`reset_peak_memory_stats`; on the CPU the allocation and free events `torch.profiler`
+records (`allocator.watch`), on top of what was live when the step began (the parameters
+and the optimizer's state, counted from the tensors).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zbkit.launch import launch
+from zbkit.pipeline import PipelineStage, ScheduleRunner
+from zbkit.planner.allocator import watch
+from zbkit.planner.profile import OPTIMIZERS
+from zbkit.schedules import Schedule, build_schedule
+
+__all__ = ["Chain", "Measured", "RankMeasured", "measure"]
+
+
+class Chain(nn.Module):
+    """Layers run one after another, each fed the previous one's output (a tensor goes in
+    as is, a tuple as positional inputs, a dict as keyword inputs): one stage's module."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        x = self.layers[0](*args, **kwargs)
+        for layer in self.layers[1:]:
+            if isinstance(x, Mapping):
+                x = layer(**x)
+            elif isinstance(x, tuple):
+                x = layer(*x)
+            else:
+                x = layer(x)
+        return x
+
+
+@dataclass(frozen=True)
+class RankMeasured:
+    peak_bytes: int  # the most the allocator held during a step
+    start_bytes: int  # live when the step began: parameters and optimizer state
+    seconds: float  # median step, the optimizer's step included
+    samples: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Measured:
+    schedule: str
+    stages: list[range]
+    ranks: list[RankMeasured]
+
+    @property
+    def step_seconds(self) -> float:
+        return max(r.seconds for r in self.ranks)
+
+
+def measure(
+    layers: nn.Sequential | Sequence[nn.Module],
+    batch: Any,
+    schedule: str | Schedule,
+    *,
+    pp: int,
+    microbatches: int,
+    stages: Sequence[Sequence[int] | range] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: str = "adam",
+    steps: int = 3,
+    backend: str = "gloo",
+    timeout: float = 600.0,
+) -> Measured:
+    """Run `schedule` on `pp` ranks over `batch` (module docstring). `batch` is `(inputs,
+    targets)`, split into `microbatches` on dim 0; `stages` the layers of each stage (as a
+    `Prediction`'s, to measure what was predicted; `None`: as even as the layer count
+    allows)."""
+    mods = list(layers)
+    if loss_fn is None or not callable(loss_fn):
+        raise ValueError("measure needs a loss_fn(outputs, targets): a step trains on it")
+    if not isinstance(batch, tuple | list) or len(batch) != 2:
+        raise ValueError("measure: batch is (inputs, targets)")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"measure: unknown optimizer {optimizer!r}: one of {', '.join(OPTIMIZERS)}"
+        )
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"measure: steps must be an int >= 1, got {steps!r}")
+    built = (
+        schedule
+        if isinstance(schedule, Schedule)
+        else build_schedule(schedule, pp=pp, microbatches=microbatches)
+    )
+    if (built.pp, built.microbatches) != (pp, microbatches):
+        raise ValueError(
+            f"measure: the schedule is for pp={built.pp}, m={built.microbatches}, "
+            f"not pp={pp}, microbatches={microbatches}"
+        )
+    parts = _parts(len(mods), built.num_stages, stages)
+    found = launch(_rank, mods, batch, built, parts, loss_fn, optimizer, steps,
+                   nprocs=pp, backend=backend, timeout=timeout)  # fmt: skip
+    return Measured(built.name, parts, [RankMeasured(*r) for r in found])
+
+
+def _parts(n: int, count: int, stages) -> list[range]:
+    if stages is None:
+        if count > n:
+            raise ValueError(f"measure: {count} stages but {n} layers")
+        size, extra = divmod(n, count)
+        edges = [0]
+        for s in range(count):
+            edges.append(edges[-1] + size + (s < extra))
+        return [range(a, b) for a, b in zip(edges, edges[1:], strict=False)]
+    parts = [range(min(p), max(p) + 1) for p in stages]
+    if [i for p in parts for i in p] != list(range(n)) or len(parts) != count:
+        raise ValueError(
+            f"measure: stages must cover the {n} layers once each, in order, in {count} stages"
+        )
+    return parts
+
+
+def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
+    """One rank's share: its stages, the runner, a warm-up step, timed steps, a watched step."""
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = [s for s, r in enumerate(schedule.stage_to_rank) if r == rank]
+    stages = [
+        PipelineStage(Chain([mods[i] for i in parts[s]]).to(device), s, schedule.num_stages)
+        for s in mine
+    ]
+    runner = ScheduleRunner(schedule, stages, loss_fn)
+    params = [p for st in stages for p in st.module.parameters()]
+    opt = OPTIMIZERS[optimizer](params)
+    inputs, targets = (_to(x, device) for x in batch)
+
+    def step() -> None:
+        runner.step(inputs, targets=targets)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up: the optimizer's state, the analyses and the shapes are made here
+    samples = []
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - start)
+    start_bytes = _bytes(params) + _bytes(_state(opt))
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base + start_bytes
+    else:
+        peak = watch(step, device).peak() + start_bytes
+    return peak, start_bytes, statistics.median(samples), tuple(samples)
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for kept in opt.state.values() for v in kept.values() if isinstance(v, torch.Tensor)]
+
+
+def _bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
