@@ -107,7 +107,7 @@ def test_the_step_ends_with_each_ranks_optimizer_step(measured):
 def _synthetic(works: list[float]) -> Profile:
     t = [Timing(w / 3, w / 3, w / 3) for w in works]
     layers = tuple(
-        LayerProfile(f"{i}", x, x, x, 1, 1, 1, 1, 1, 1, 1, Timing(0, 0, 0), 0)
+        LayerProfile(f"{i}", x, x, x, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, Timing(0, 0, 0), 0)
         for i, x in enumerate(t)
     )
     return Profile(layers, "cpu", "float32")

@@ -35,6 +35,17 @@ class Watched:
         """Bytes allocated since the watch began and still held when `mark` ended."""
         return self.live_at(self.marks[mark][1])
 
+    def peak_within(self, mark: str) -> int:
+        """The most bytes held at once while `mark` ran (counted from the watch's start)."""
+        start, end = self.marks[mark]
+        level = self.live_at(start)
+        most = level
+        for t, b in self.changes:
+            if start < t <= end:
+                level += b
+                most = max(most, level)
+        return most
+
     def peak(self) -> int:
         """The most bytes held at once above what was held when the watch began."""
         return max(0, max(accumulate(b for _, b in self.changes), default=0))

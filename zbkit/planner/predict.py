@@ -37,6 +37,7 @@ class RankPrediction:
     activations: int  # saved for the backward (F until I)
     weight_state: int  # kept for the weight pass (I until W)
     received: int  # inputs received from the previous stage, held until their I
+    transient: int  # held for a while inside the action running at the peak, beyond the above
     seconds: float  # from the step's start to the end of this rank's optimizer step
     at_step: bool  # the peak is the optimizer's step, not the compute
 
@@ -49,6 +50,7 @@ class RankPrediction:
             "activations": self.activations,
             "weight_state": self.weight_state,
             "received": self.received,
+            "transient": self.transient,
         }
 
 
@@ -225,13 +227,21 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
         "parameters": [sum(layers[i].param_bytes for i in p) for p in parts],
         "gradients": [sum(layers[i].grad_bytes for i in p) for p in parts],
         "optimizer": [sum(layers[i].optimizer_bytes for i in p) for p in parts],
-        "step_bytes": [sum(layers[i].step_bytes for i in p) for p in parts],
+        # the step's transient bytes are the largest layer's, not their sum (measured: Adam
+        # over an embedding and a block allocates what it does over the embedding alone)
+        "step_bytes": [max(layers[i].step_bytes for i in p) for p in parts],
         "activations": [sum(layers[i].activation_bytes for i in p) for p in parts],
         "weight_state": [sum(layers[i].weight_state_bytes for i in p) for p in parts],
         "received": [layers[p.start - 1].output_bytes if p.start > 0 else 0 for p in parts],
     }
+    extra = {  # per kind and stage: the most one of its layers goes beyond the rule
+        "F": [max(layers[i].forward_extra_bytes for i in p) for p in parts],
+        "I": [max(layers[i].input_grad_extra_bytes for i in p) for p in parts],
+        "W": [max(layers[i].weight_grad_extra_bytes for i in p) for p in parts],
+    }
+    extra["B"] = [max(a, b) for a, b in zip(extra["I"], extra["W"], strict=True)]
     step_seconds = [sum(layers[i].step.median for i in p) for p in parts]
-    held = _held_at_peak(sim, per_stage, schedule.pp)
+    held = _held_at_peak(sim, per_stage, extra, schedule.pp)
     out = []
     for r in range(schedule.pp):
         mine = [s for s, rank in enumerate(where) if rank == r]
@@ -243,25 +253,26 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
             return sum(step_seconds[s] for s in stages)
 
         static = total("parameters") + total("optimizer")
-        compute = static + sum(held[r][k] for k in _PARTS)
-        step = static + total("gradients") + total("step_bytes")
+        compute = static + sum(held[r][k] for k in (*_PARTS, "transient"))
+        step = static + total("gradients") + max(per_stage["step_bytes"][s] for s in mine)
         ends = [end for (_, end) in sim.times.get(r, [])]
         seconds = (max(ends) if ends else 0.0) + seconds_of()
         out.append(
             RankPrediction(
                 max(compute, step), total("parameters"), held[r]["gradients"], total("optimizer"),
                 held[r]["activations"], held[r]["weight_state"], held[r]["received"],
-                seconds, step > compute,
+                held[r]["transient"], seconds, step > compute,
             )
         )  # fmt: skip
     return out
 
 
-def _held_at_peak(sim: Simulation, per_stage: dict, pp: int) -> list[dict[str, int]]:
+def _held_at_peak(sim: Simulation, per_stage: dict, extra: dict, pp: int) -> list[dict[str, int]]:
     """Per rank, what is held of each part at the rank's compute peak: the memory rule
     replayed with each part's bytes (growth at an action's start, shrinking at its end, as
-    `memory_steps` does), plus a stage's gradients from the start of its first weight pass."""
-    changes: list[list[tuple[float, int, dict[str, int]]]] = [[] for _ in range(pp)]
+    `memory_steps` does), a stage's gradients from the start of its first weight pass, and
+    while an action runs, its own bytes beyond the rule (`extra`, by kind and stage)."""
+    changes: list[list[tuple[float, int, dict[str, int], int]]] = [[] for _ in range(pp)]
     weighted: set[int] = set()
     for order, e in enumerate(sorted(sim.events, key=lambda e: (e.rank, e.start))):
         kind = KINDS[e.kind]
@@ -273,21 +284,22 @@ def _held_at_peak(sim: Simulation, per_stage: dict, pp: int) -> list[dict[str, i
         }
         if kind.does_weight and e.stage not in weighted:
             weighted.add(e.stage)
-            changes[e.rank].append((e.start, order, {"gradients": per_stage["gradients"][e.stage]}))
+            delta["gradients"] = per_stage["gradients"][e.stage]
         grow = {k: v for k, v in delta.items() if v > 0}
         shrink = {k: v for k, v in delta.items() if v < 0}
-        if grow:
-            changes[e.rank].append((e.start, order, grow))
+        running = extra.get(e.kind, [0] * len(per_stage["activations"]))[e.stage]
+        changes[e.rank].append((e.start, order, grow, running))  # its extra while it runs
         if shrink:
-            changes[e.rank].append((e.end, order, shrink))
+            changes[e.rank].append((e.end, order, shrink, 0))
     out = []
     for per_rank in changes:
         level = dict.fromkeys(_PARTS, 0)
-        best = dict(level)
-        for _, _, delta in sorted(per_rank, key=lambda c: (c[0], c[1])):
+        best, most = {**level, "transient": 0}, 0
+        for _, _, delta, running in sorted(per_rank, key=lambda c: (c[0], c[1])):
             for k, v in delta.items():
                 level[k] += v
-            if sum(level.values()) > sum(best.values()):
-                best = dict(level)
+            if sum(level.values()) + running > most:
+                most = sum(level.values()) + running
+                best = {**level, "transient": running}
         out.append(best)
     return out

@@ -71,6 +71,11 @@ class LayerProfile:
     optimizer_bytes: int  # the optimizer's state for these parameters
     output_bytes: int  # what the next layer receives
     params: int  # number of parameter elements
+    # held for a while inside F, I and W beyond what they leave held (the counts above):
+    # an I's gradients in flight, a loss's softmax, a W's partial sums
+    forward_extra_bytes: int
+    input_grad_extra_bytes: int
+    weight_grad_extra_bytes: int
     step: Timing  # the optimizer's step on these parameters
     step_bytes: int  # what the step allocates for a while above the state it keeps
 
@@ -299,6 +304,9 @@ def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerP
         weight_grad=Timing.of([t[2] for t in times]),
         activation_bytes=watched[0],
         weight_state_bytes=watched[1],
+        forward_extra_bytes=watched[3],
+        input_grad_extra_bytes=watched[4],
+        weight_grad_extra_bytes=watched[5],
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         grad_bytes=watched[2],
         optimizer_bytes=state,
@@ -310,7 +318,8 @@ def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerP
 
 
 def _backward_roots(out: Any, loss) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Where I starts: the loss, or each output that has a graph, with ones as its gradient."""
+    """Where I starts: the loss (computed in F, as the last stage of a runtime does: what it
+    saves is held until I), or each output that has a graph, with ones as its gradient."""
     if loss is not None:
         value = loss(out)
         if not isinstance(value, torch.Tensor) or value.grad_fn is None:
@@ -328,8 +337,11 @@ def _step(mod, x, params, loss, mark: Callable[[str], Any]) -> None:
     inputs = [t for t in _tensors(x) if t.requires_grad]
     with mark("zbkit.F"):
         out = _call(mod, x)
+        if loss is not None:
+            roots, seeds = _backward_roots(out, loss)
     with mark("zbkit.I"):
-        roots, seeds = _backward_roots(out, loss)
+        if loss is None:  # the gradient the next stage would send
+            roots, seeds = _backward_roots(out, loss)
         result = stage_backward_input(roots, seeds, inputs, params)
         pending = result.pending_weight
         del out, roots, seeds, result  # sent upstream and let go, as a runtime does
@@ -361,13 +373,17 @@ def _timed_step(mod, x, params, loss, device) -> tuple[float, float, float]:
     return spans["zbkit.F"], spans["zbkit.I"], spans["zbkit.W"]
 
 
-def _watched_step(mod, x, params, loss, device) -> tuple[int, int, int]:
-    """Bytes held after F, after I and after W, by the allocator."""
+def _watched_step(mod, x, params, loss, device) -> tuple[int, ...]:
+    """Bytes held after F, after I and after W, by the allocator, and how far each action
+    went beyond what the planner's memory rule holds while it runs (F: what F leaves;
+    I: that and what I leaves; W: what I left and the gradients W makes)."""
     watched = watch(lambda: _step(mod, x, params, loss, record_function), device)
-    held = (watched.after("zbkit.F"), watched.after("zbkit.I"), watched.after("zbkit.W"))
+    f, i, w = (watched.after(f"zbkit.{k}") for k in "FIW")
+    ruled = {"F": f, "I": f + i, "W": i + w}
+    extra = [max(0, watched.peak_within(f"zbkit.{k}") - ruled[k]) for k in "FIW"]
     for p in params:
         p.grad = None
-    return held
+    return (f, i, w, *extra)
 
 
 def _optimizer_step(
