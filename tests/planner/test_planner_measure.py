@@ -61,3 +61,35 @@ def test_what_cannot_be_measured_is_named_before_a_rank_starts():
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         planner.measure(layers, batch, "1f1b", pp=2, microbatches=M, loss_fn=_loss,
                         optimizer="lamb")  # fmt: skip
+
+
+@pytest.mark.multiprocess
+def test_compare_puts_the_prediction_beside_the_run_and_says_where_they_differ():
+    layers, batch = _model(), _batch()
+    sample = (batch[0][: B // M], batch[1][: B // M])
+    prof = planner.profile(layers, sample, loss_fn=_loss, repeats=2)
+    pred = planner.predict(prof, "1f1b", pp=2, microbatches=M, stages=[[0, 1], [2]])
+    got = planner.measure(layers, batch, "1f1b", pp=2, microbatches=M, stages=pred.stages,
+                          loss_fn=_loss, steps=1)  # fmt: skip
+    both = planner.compare(pred, got)
+    ratios = [p.peak_bytes / m.peak_bytes for p, m in zip(pred.ranks, got.ranks, strict=True)]
+    assert both.peak_ratios == ratios
+    text = str(both)
+    for r, rank in enumerate(got.ranks):
+        assert f"{rank.peak_bytes / 2**20:.2f}" in text.splitlines()[2 + r]
+    tight = planner.compare(pred, got, bytes_tolerance=0.0, seconds_tolerance=0.0)
+    assert len(tight.notes()) == 3 and "rank 0: predicted" in tight.notes()[0]
+    loose = planner.compare(pred, got, bytes_tolerance=10.0, seconds_tolerance=10.0)
+    assert loose.notes() == [] and "within the tolerances" in str(loose)
+    assert "<table>" in both._repr_html_() and both._repr_html_().count("<tr>") == 3
+    other = planner.predict(prof, "1f1b", pp=2, microbatches=M, stages=[[0], [1, 2]])
+    with pytest.raises(ValueError, match="measure with stages=prediction.stages"):
+        planner.compare(other, got)
+    with pytest.raises(ValueError, match="predicted 'zb-h1' but measured '1f1b'"):
+        planner.compare(planner.predict(prof, "zb-h1", pp=2, microbatches=M,
+                                        stages=pred.stages), got)  # fmt: skip
+    pytest.importorskip("matplotlib")
+    fig = both.plot()
+    assert len(fig.axes) == 2
+    dashed = [line for line in fig.axes[1].get_lines() if line.get_linestyle() == "--"]
+    assert dashed[0].get_ydata()[0] == pytest.approx(got.ranks[1].peak_bytes / 2**20)

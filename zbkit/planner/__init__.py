@@ -10,10 +10,12 @@ bytes (torch's own allocator for what is held between them; the tensors for para
 optimizer state and the output). A `Profile` saves and loads as JSON. `predict` runs the
 simulator on a schedule's stages in seconds and bytes and says, per rank, the peak bytes of
 a training step with what is held at that peak, and the step's seconds. `measure` runs the
-same plan on real ranks and reads each rank's peak from torch's own allocator.
+same plan on real ranks and reads each rank's peak from torch's own allocator; `compare`
+puts the two side by side.
 """
 
 from zbkit._public import public_dir
+from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
@@ -21,6 +23,7 @@ from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, pro
 __all__ = [
     "OPTIMIZERS",
     "Chain",
+    "Comparison",
     "LayerProfile",
     "Measured",
     "Prediction",
@@ -29,6 +32,7 @@ __all__ = [
     "RankPrediction",
     "Timing",
     "balanced",
+    "compare",
     "measure",
     "predict",
     "profile",

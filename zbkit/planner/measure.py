@@ -63,6 +63,7 @@ class Measured:
     schedule: str
     stages: list[range]
     ranks: list[RankMeasured]
+    device: str  # what rank 0 ran on ("cpu", "cuda:0")
 
     @property
     def step_seconds(self) -> float:
@@ -111,7 +112,8 @@ def measure(
     parts = _parts(len(mods), built.num_stages, stages)
     found = launch(_rank, mods, batch, built, parts, loss_fn, optimizer, steps,
                    nprocs=pp, backend=backend, timeout=timeout)  # fmt: skip
-    return Measured(built.name, parts, [RankMeasured(*r) for r in found])
+    ranks = [RankMeasured(*r[:4]) for r in found]
+    return Measured(built.name, parts, ranks, found[0][4])
 
 
 def _parts(n: int, count: int, stages) -> list[range]:
@@ -170,7 +172,7 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
         peak = torch.cuda.max_memory_allocated(device) - base + start_bytes
     else:
         peak = watch(step, device).peak() + start_bytes
-    return peak, start_bytes, statistics.median(samples), tuple(samples)
+    return peak, start_bytes, statistics.median(samples), tuple(samples), str(device)
 
 
 def _to(value: Any, device: torch.device) -> Any:

@@ -4,7 +4,8 @@ The layers are run as a pipeline runs them: each fed the previous one's output (
 tuple or a dict), its input received detached, its backward split by zbkit's own
 `stage_backward_input` / `stage_backward_weight`. Per layer:
 
-- times: the median of `repeats` runs of F, I and W, and their spread (fastest, slowest);
+- times: the median of `repeats` runs of F, I and W after one untimed run, and their
+  spread (fastest, slowest);
 - bytes, read from torch's own allocator (`allocator.watch`): what F leaves held until I (the
   saved activations and the output, which a runtime keeps for the backward), what I leaves
   held until W, and the weight gradients W makes;
@@ -288,6 +289,8 @@ def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerP
     for p in params:
         p.grad = None
     try:
+        # one step first, untimed: the split backward's analysis is made on the first
+        _timed_step(mod, _received(feed, grads), params, loss, device)
         times = [_timed_step(mod, _received(feed, grads), params, loss, device)
                  for _ in range(repeats)]  # fmt: skip
         watched = _watched_step(mod, _received(feed, grads), params, loss, device)
