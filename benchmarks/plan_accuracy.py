@@ -1,8 +1,9 @@
 """Predicted against measured: each rank's peak bytes and the step's seconds, as ratios.
 
 A GPT-like stack whose embedding and LM head are much heavier than a block is profiled on
-one microbatch (`planner.profile`), predicted for each schedule (`planner.predict`, the
-stages it balanced) and run on real gloo ranks (`planner.measure`, the same stages):
+one microbatch (`planner.profile`), the wire and the runtime measured (`planner.wire`),
+predicted for each schedule (`planner.predict`, the stages it balanced) and run on real gloo
+ranks (`planner.measure`, the same stages):
 
     python benchmarks/plan_accuracy.py            # p = 2, m = 4 and 8
     python benchmarks/plan_accuracy.py --pp 2 4   # and p = 4 (slow on 2 cores)
@@ -46,6 +47,8 @@ def main() -> None:
     torch.set_num_threads(1)
     for pp in args.pp:
         layers = _model(2 * pp)
+        measured_wire = planner.wire(pp=pp)
+        print(f"pp={pp}: {measured_wire}")
         for m in args.microbatches:
             g = torch.Generator().manual_seed(1)
             batch = (
@@ -57,7 +60,7 @@ def main() -> None:
             print(f"pp={pp} m={m}: predicted / measured")
             for name in args.schedules:
                 try:
-                    pred = planner.predict(prof, name, pp=pp, microbatches=m)
+                    pred = planner.predict(prof, name, pp=pp, microbatches=m, wire=measured_wire)
                 except ValueError as err:
                     print(f"  {name:17} not built: {err}")
                     continue

@@ -93,3 +93,14 @@ def test_compare_puts_the_prediction_beside_the_run_and_says_where_they_differ()
     assert len(fig.axes) == 2
     dashed = [line for line in fig.axes[1].get_lines() if line.get_linestyle() == "--"]
     assert dashed[0].get_ydata()[0] == pytest.approx(got.ranks[1].peak_bytes / 2**20)
+
+
+@pytest.mark.multiprocess
+def test_the_wire_is_measured_on_real_ranks():
+    wire = planner.wire(pp=2, sizes=(1 << 12, 1 << 20), microbatches=4)
+    assert wire.latency >= 0 and wire.per_byte >= 0 and 0 < wire.overhead < 1
+    assert wire.hop(1 << 20) == pytest.approx(wire.latency + (1 << 20) * wire.per_byte)
+    with pytest.raises(ValueError, match="pp must be an int >= 2"):
+        planner.wire(pp=1)
+    with pytest.raises(ValueError, match="two byte counts, smaller first"):
+        planner.wire(sizes=(1 << 20, 1 << 10))

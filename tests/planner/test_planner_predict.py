@@ -158,3 +158,18 @@ def test_stages_that_cannot_be_are_named(measured):
         planner.predict(prof, "1f1b", pp=2, microbatches=4, hop=-1)
     with pytest.raises(ValueError, match="unknown schedule 'zb-x'"):
         planner.predict(prof, "zb-x", pp=2, microbatches=4)
+
+
+def test_a_wire_charges_each_stage_by_the_bytes_it_moves(measured):
+    _, prof = measured
+    wire = planner.Wire(latency=1e-4, per_byte=1e-9, overhead=5e-5)
+    pred = planner.predict(prof, "1f1b", pp=2, microbatches=4, wire=wire)
+    plain = planner.predict(prof, "1f1b", pp=2, microbatches=4)
+    for s, layers in enumerate(pred.stages):
+        received = prof.layers[layers.start - 1].output_bytes if layers.start else 0
+        sent = prof.layers[layers.stop - 1].output_bytes
+        assert pred.costs[s].comm == pytest.approx(1e-4 + 1e-9 * max(received, sent))
+        assert pred.costs[s].F == pytest.approx(plain.costs[s].F + 5e-5)
+    assert pred.step_seconds > plain.step_seconds
+    with pytest.raises(ValueError, match="hop and overhead, or a measured wire, not both"):
+        planner.predict(prof, "1f1b", pp=2, microbatches=4, wire=wire, hop=1e-3)

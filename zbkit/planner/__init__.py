@@ -11,7 +11,8 @@ optimizer state and the output). A `Profile` saves and loads as JSON. `predict` 
 simulator on a schedule's stages in seconds and bytes and says, per rank, the peak bytes of
 a training step with what is held at that peak, and the step's seconds. `measure` runs the
 same plan on real ranks and reads each rank's peak from torch's own allocator; `compare`
-puts the two side by side.
+puts the two side by side. `wire` measures what a transfer and the runtime add, for
+`predict(..., wire=...)`.
 """
 
 from zbkit._public import public_dir
@@ -19,6 +20,7 @@ from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
+from zbkit.planner.wire import Wire, wire
 
 __all__ = [
     "OPTIMIZERS",
@@ -31,11 +33,13 @@ __all__ = [
     "RankMeasured",
     "RankPrediction",
     "Timing",
+    "Wire",
     "balanced",
     "compare",
     "measure",
     "predict",
     "profile",
+    "wire",
 ]
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from zbkit.planner.profile import Profile
+from zbkit.planner.wire import Wire
 from zbkit.schedules import KINDS, Costs, Schedule, Simulation, build_schedule, simulate
 from zbkit.schedules.catalog import record
 
@@ -100,6 +101,7 @@ def predict(
     stages: Sequence[Sequence[int] | range] | None = None,
     hop: float = 0.0,
     overhead: float = 0.0,
+    wire: Wire | None = None,
     **options,
 ) -> Prediction:
     """Predict `schedule` (a name of `zbkit.schedules.SCHEDULES`, with its `options`, or a
@@ -108,7 +110,8 @@ def predict(
     `stages`: the layers of each stage, in order, covering every layer once (`None`: balanced
     by F + I + W, `balanced`). `hop`: seconds a transfer between ranks adds to a wait;
     `overhead`: the runtime's own seconds per action (both measured, e.g. from a run's
-    trace with `zbkit.schedules.measure`)."""
+    trace with `zbkit.schedules.measure`). `wire`: both as `planner.wire()` measured them,
+    a stage's hop then by the bytes it receives or sends."""
     if not isinstance(profile, Profile):
         raise TypeError(f"predict takes a planner.Profile, got {type(profile).__name__}")
     for what, value in (("hop", hop), ("overhead", overhead)):
@@ -117,7 +120,9 @@ def predict(
     count = _stage_count(schedule, pp, options)
     parts = _check_stages(profile, stages, count) if stages is not None else None
     parts = parts or balanced(profile, count)
-    costs = [_stage_costs(profile, layers, hop, overhead) for layers in parts]
+    if wire is not None and (hop or overhead):
+        raise ValueError("predict: give hop and overhead, or a measured wire, not both")
+    costs = [_stage_costs(profile, layers, hop, overhead, wire) for layers in parts]
     built = _built(schedule, pp, microbatches, costs, options)
     sim = simulate(built, costs)
     ranks = _ranks(profile, built, parts, sim)
@@ -191,9 +196,13 @@ def _work(layer) -> float:
     return layer.forward.median + layer.input_grad.median + layer.weight_grad.median
 
 
-def _stage_costs(profile: Profile, layers: range, hop: float, overhead: float) -> Costs:
+def _stage_costs(
+    profile: Profile, layers: range, hop: float, overhead: float, wire: Wire | None
+) -> Costs:
     mine = [profile.layers[i] for i in layers]
     received = profile.layers[layers.start - 1].output_bytes if layers.start > 0 else 0
+    if wire is not None:  # what it waits for: activations in, or its outputs' gradients
+        hop, overhead = wire.hop(max(received, mine[-1].output_bytes)), wire.overhead
     return Costs(
         F=sum(x.forward.median for x in mine) + overhead,
         I=sum(x.input_grad.median for x in mine) + overhead,
