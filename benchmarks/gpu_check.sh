@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU check: NCCL pipeline tests, the demo on NCCL, the runtime benchmark with
-# CUDA timing. Prints one summary line per part (full logs in $OUT or /tmp/zbkit-gpu-check).
+# CUDA timing, the planner's prediction against a run (max_memory_allocated, CUDA timing). Prints one summary line per part (full logs in $OUT or /tmp/zbkit-gpu-check).
 #   bash benchmarks/gpu_check.sh            # from the repository root, after `make setup`
 # One GPU: every schedule through LocalPipeline on the GPU against plain autograd, and the
 # split backward's time and memory against plain backward and torch's split, on the GPU
@@ -42,6 +42,8 @@ if [ "$gpus" -ge 2 ]; then
     "$(dirname "$PY")/zbkit" demo --backend nccl --ranks "$ranks" --out "$LOGS/report"
   SUMMARY="zbkit/torch|ok|MISSED" LINES=3 summary "pipeline_vs_torch --backend nccl" "$LOGS/bench.log" \
     $PY benchmarks/pipeline_vs_torch.py --backend nccl --rounds 20
+  SUMMARY="peak bytes" LINES=14 summary "plan_accuracy --device cuda" "$LOGS/plan.log" \
+    $PY benchmarks/plan_accuracy.py --device cuda
 else
   echo "demo and runtime benchmark on nccl: not run (they need 2 GPUs, found $gpus)"
 fi

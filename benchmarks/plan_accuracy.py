@@ -43,11 +43,14 @@ def main() -> None:
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
+    parser.add_argument("--device", default="cpu", help="cpu (gloo ranks) or cuda (NCCL)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    device = torch.device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
     for pp in args.pp:
-        layers = _model(2 * pp)
-        measured_wire = planner.wire(pp=pp)
+        layers = [layer.to(device) for layer in _model(2 * pp)]
+        measured_wire = planner.wire(pp=pp, backend=backend)
         print(f"pp={pp}: {measured_wire}")
         for m in args.microbatches:
             g = torch.Generator().manual_seed(1)
@@ -65,7 +68,8 @@ def main() -> None:
                     print(f"  {name:17} not built: {err}")
                     continue
                 got = planner.measure(layers, batch, pred.schedule, pp=pp, microbatches=m,
-                                      stages=pred.stages, loss_fn=_loss, steps=3)  # fmt: skip
+                                      stages=pred.stages, loss_fn=_loss, steps=3,
+                                      backend=backend)  # fmt: skip
                 peaks = [
                     p.peak_bytes / r.peak_bytes for p, r in zip(pred.ranks, got.ranks, strict=True)
                 ]
