@@ -250,6 +250,7 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
     }
     extra["B"] = [max(a, b) for a, b in zip(extra["I"], extra["W"], strict=True)]
     step_seconds = [sum(layers[i].step.median for i in p) for p in parts]
+    _count_shared_once(profile, parts, where, per_stage)
     held = _held_at_peak(sim, per_stage, extra, schedule.pp)
     out = []
     for r in range(schedule.pp):
@@ -274,6 +275,19 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
             )
         )  # fmt: skip
     return out
+
+
+def _count_shared_once(profile: Profile, parts: list[range], where: list[int], per_stage) -> None:
+    """A parameter two layers share (a tied head's weight) is one tensor on a rank holding
+    both: its bytes, its gradient's and its optimizer state leave the later layer's stage."""
+    stage_of = {i: s for s, part in enumerate(parts) for i in part}
+    for j, layer in enumerate(profile.layers):
+        for i, param_bytes, optimizer_bytes in layer.shared:
+            s = stage_of[j]
+            if where[stage_of[i]] == where[s]:
+                per_stage["parameters"][s] -= param_bytes
+                per_stage["gradients"][s] -= param_bytes
+                per_stage["optimizer"][s] -= optimizer_bytes
 
 
 def _held_at_peak(sim: Simulation, per_stage: dict, extra: dict, pp: int) -> list[dict[str, int]]:

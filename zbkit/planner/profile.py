@@ -22,7 +22,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from os import PathLike
 from typing import Any
 
@@ -79,6 +79,10 @@ class LayerProfile:
     weight_grad_extra_bytes: int
     step: Timing  # the optimizer's step on these parameters
     step_bytes: int  # what the step allocates for a while above the state it keeps
+    # parameters this layer shares with an earlier one (a tied head's weight is the
+    # embedding's): (that layer, parameter bytes, optimizer bytes), counted once on a rank
+    # that holds both
+    shared: tuple[tuple[int, int, int], ...] = ()
 
 
 _TIMINGS = ("forward", "input_grad", "weight_grad", "step")
@@ -108,6 +112,7 @@ class Profile:
         for layer in data.pop("layers"):
             for k in _TIMINGS:
                 layer[k] = Timing(**layer[k])
+            layer["shared"] = tuple(tuple(s) for s in layer.get("shared", ()))
             layers.append(LayerProfile(**layer))
         return cls(layers=tuple(layers), **data)
 
@@ -148,7 +153,9 @@ def profile(
     for i, (mod, x) in enumerate(zip(mods, feeds, strict=True)):
         last = i == len(mods) - 1
         loss = (lambda out: loss_fn(out, target)) if last and loss_fn is not None else None
-        measured.append(_layer(i, mod, x, i > 0, loss, make_optimizer, repeats, device))
+        found = _layer(i, mod, x, i > 0, loss, make_optimizer, repeats, device)
+        shared = _shared(mods, i, make_optimizer, device)
+        measured.append(replace(found, shared=shared) if shared else found)
     return Profile(tuple(measured), str(device), str(dtype).removeprefix("torch."),
                    _describe(inputs), optimizer_name, repeats)  # fmt: skip
 
@@ -387,6 +394,24 @@ def _watched_step(mod, x, params, loss, device) -> tuple[int, ...]:
     for p in params:
         p.grad = None
     return (f, i, w, *extra)
+
+
+def _shared(mods: list[nn.Module], j: int, make_optimizer: Callable, device) -> tuple:
+    """What layer `j` shares with earlier layers: per earlier layer (the first holding it),
+    the shared parameters' bytes and their optimizer state's."""
+    seen: dict[int, int] = {}  # id of a parameter -> the first layer holding it
+    for i, mod in enumerate(mods[:j]):
+        for p in mod.parameters():
+            seen.setdefault(id(p), i)
+    by_layer: dict[int, list[torch.Tensor]] = {}
+    for p in mods[j].parameters():
+        if p.requires_grad and id(p) in seen:
+            by_layer.setdefault(seen[id(p)], []).append(p)
+    return tuple(
+        (i, sum(p.numel() * p.element_size() for p in ps),
+         _optimizer_step(ps, make_optimizer, 1, device)[0])
+        for i, ps in sorted(by_layer.items())
+    )  # fmt: skip
 
 
 def _optimizer_step(
