@@ -11,10 +11,11 @@ from typing import Any
 
 from zbkit.exercises._core import exercise, is_count, is_number, schedule_name
 from zbkit.schedules import Costs, Schedule, build_schedule, formulas, simulate
+from zbkit.schedules.core.costs import TOL
 from zbkit.schedules.paper import TABLE6
 
 UNIT = Costs(F=1, I=1, W=1)  # the notebook's `unit`
-TIE = 1e-9  # simulated times are sums of floats: closer than this is a tie
+TIE = TOL  # simulated times are sums of floats: closer than this is a tie
 
 # exercise 03.2's schedules, and exercise 03.3's row of the paper's Table 6 (1.5B, p=8, m=24)
 COMPARED = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v")

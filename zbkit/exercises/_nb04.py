@@ -15,6 +15,7 @@ from torch import nn
 from zbkit.exercises._core import exercise, is_count, is_number
 from zbkit.pipeline import LocalPipeline
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
+from zbkit.schedules.core.costs import TOL
 
 P, M = 4, 8  # the notebook's pipeline
 EQUAL = Costs(F=1, I=1, W=1, mem_activation=1.0, mem_weight=0.3)  # its first costs
@@ -190,9 +191,7 @@ def where_the_sweep_stops(answer: Any) -> tuple[bool, str]:
     pp, m = 8, 32
     bubble = {limit: _auto(pp, m, limit).bubble_rate for limit in range(pp, 2 * pp + 1)}
     # from `stops` on, every larger limit gives the same bubble
-    stops = min(
-        x for x in bubble if all(abs(bubble[y] - bubble[x]) < 1e-9 for y in bubble if y > x)
-    )
+    stops = min(x for x in bubble if all(abs(bubble[y] - bubble[x]) < TOL for y in bubble if y > x))
     if is_number(answer) and answer == int(answer):
         answer = int(answer)  # 15.0 is 15
     if not is_count(answer):

@@ -22,11 +22,12 @@ from zbkit.exercises._core import as_names, exercise, is_number, schedule_name
 from zbkit.models import TinyTransformer, split_stages
 from zbkit.pipeline import LocalPipeline, PipelineStage, SyntheticStage
 from zbkit.schedules import Costs, Simulation, build_schedule, simulate
+from zbkit.schedules.core.costs import TOL
 
 P, M = 4, 8  # the notebook's ranks and microbatches per step
 T = 0.020  # seconds per F, I and W of a rank's share, as the notebook's synthetic stages
 RACED = ("1f1b", "zb-h1", "zb-h2", "zb-v")  # the notebook's timed schedules
-TIE = 1e-9  # simulated times are sums of floats: closer than this is a tie
+TIE = TOL  # simulated times are sums of floats: closer than this is a tie
 
 
 def speedups(costs: Costs) -> dict[str, float]:

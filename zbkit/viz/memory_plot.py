@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from zbkit.schedules import Costs, memory_deltas, memory_steps
-from zbkit.schedules.core.costs import MEMORY_UNIT
+from zbkit.schedules.core.costs import MEMORY_UNIT, TOL
 from zbkit.viz._colors import LIMIT_COLOR, kind_color
 from zbkit.viz._figure import DPI, ZbFigure, check_ranks
 from zbkit.viz.timeline import Timeline, timeline
@@ -101,7 +101,7 @@ def _panel(
     peak = max(values)
     ax.step(times, values, where="post", color=kind_color("F"), lw=1.2, gid=f"memory{rank}")
     ax.fill_between(times, values, step="post", color=kind_color("F"), alpha=0.3)
-    over = limit is not None and peak > limit + 1e-9
+    over = limit is not None and peak > limit + TOL
     ax.text(
         1.0,
         0.9,
