@@ -173,3 +173,18 @@ def test_a_wire_charges_each_stage_by_the_bytes_it_moves(measured):
     assert pred.step_seconds > plain.step_seconds
     with pytest.raises(ValueError, match="hop and overhead, or a measured wire, not both"):
         planner.predict(prof, "1f1b", pp=2, microbatches=4, wire=wire, hop=1e-3)
+
+
+def test_the_printed_table_has_a_heading_for_each_number(measured):
+    _, prof = measured
+    pred = planner.predict(prof, "zb-h1", pp=2, microbatches=4)
+    lines = str(pred).splitlines()
+    head, rows = lines[1].split(), lines[2:4]
+    assert head == ["rank", "peak", "params", "grads", "optim", "activ", "W", "state", "recv",
+                    "transient"]  # fmt: skip
+    for r, row in enumerate(rows):
+        cells = row.split()
+        assert len(cells) == 9 and cells[0] == str(r)
+        rank = pred.ranks[r]
+        assert cells[1] == f"{rank.peak_bytes / 2**20:.3f}"
+        assert cells[8] == f"{rank.transient / 2**20:.3f}"

@@ -72,12 +72,15 @@ class Prediction:
             f"{self.schedule.name}, pp={self.schedule.pp}, m={self.schedule.microbatches}: "
             f"step {self.step_seconds * 1e3:.3g} ms",
             f"{'rank':>4} {'peak':>10} {'params':>10} {'grads':>10} {'optim':>10} "
-            f"{'activ':>10} {'W state':>10} {'recv':>10}",
+            f"{'activ':>10} {'W state':>10} {'recv':>10} {'transient':>10}",
         ]
         for r, p in enumerate(self.ranks):
             cells = [p.peak_bytes, *p.breakdown.values()]
             lines.append(f"{r:>4} " + " ".join(f"{_mb(c):>10}" for c in cells))
-        lines.append("(bytes in MiB; stages: " + ", ".join(_span(s) for s in self.stages) + ")")
+        lines.append(
+            "(MiB; the parts are what the compute holds at its peak: a peak at the optimizer's "
+            "step is above them; stages: " + ", ".join(_span(s) for s in self.stages) + ")"
+        )
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
