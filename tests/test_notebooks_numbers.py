@@ -118,3 +118,55 @@ def test_05_measured_numbers_say_how_busy_the_machine_was():
         if found.group(1) != "machine quiet":
             assert ("the stages sleep" in text) == sleeping
             assert "measured bubble" in text
+
+
+# ---------------------------------------------------------------------- 04: bytes per rank
+def _per_rank(text: str) -> dict[tuple[str, int], list[float]]:
+    """(schedule, rank) -> the row's MiB numbers, from a table printed per schedule and rank."""
+    rows = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) > 2 and words[0] in ("1f1b", "zb-h1", "zb-h2", "zb-v"):
+            numbers = [float(w) for w in words[2:] if re.fullmatch(r"\d+\.\d+", w)]
+            rows[words[0], int(words[1])] = numbers
+    return rows
+
+
+def test_04_planner_says_why_the_v_holds_more_on_rank_0():
+    cells = read_notebook("04_memory")["cells"]
+    i = cell_index(cells, "def held_at_peak(pred, r):")
+    printed, text = cell_stdout(cells[i]), " ".join(cell_source(cells[i + 1]).split())
+    rows = _per_rank(printed)
+    v0, v1, h1 = rows["zb-v", 0], rows["zb-v", 1], rows["zb-h1", 0]  # peak, params, grads, optim
+    assert "zb-v's stage_to_rank: [0, 1, 1, 0]" in printed and "[0, 1, 1, 0]" in text
+    assert re.search(r"^zb-v\s+0 0-1 6-7 ", printed, flags=re.M)  # the embedding and the head
+    assert all(v > h for v, h in zip(v0[:4], h1[:4], strict=True)), (v0, h1)
+    found = re.search(r"peak ([\d.]+x); parameters ([\d.]+x), all gradients ([\d.]+x), "
+                      r"optimizer ([\d.]+x)", printed)  # fmt: skip
+    assert found, printed
+    peak, params, grads, optim = found.groups()
+    assert params == grads == optim and f"each {params} ZB-H1's" in text
+    assert f"{v0[1]:.2f} MiB of parameters against {h1[1]:.2f}" in text
+    assert f"its peak is {peak}, {v0[0]:.2f} MiB against {h1[0]:.2f}" in text
+    assert f"rank 1 peaks at {v1[0]:.2f} MiB" in text and v1[0] < h1[0] < v0[0]
+    assert f"for a while, {h1[-1]:.2f}" in text  # `other` at ZB-H1's rank 0: Adam's step
+
+
+def test_04_planner_says_what_the_measured_peaks_showed():
+    cells = read_notebook("04_memory")["cells"]
+    i = cell_index(cells, "comparisons = {name: planner.compare(")
+    printed, text = cell_stdout(cells[i]), " ".join(cell_source(cells[i + 1]).split())
+    rows = _per_rank(printed)  # predicted, measured, ratio
+    within = sum(abs(r[2] - 1) <= 0.05 for r in rows.values())
+    assert f"within 5%: {within} of {len(rows)} ranks" in printed
+    assert f"{within} of the {len(rows)} ranks within 5%" in text
+    firsts = sorted(r[2] for (_, rank), r in rows.items() if rank == 0)
+    assert all(abs(x - 1) <= 0.01 for x in firsts) and "Every rank 0 is predicted within 1%" in text
+    assert f"(ratios {firsts[0]:.3f} to {firsts[-1]:.3f})" in text
+    short = re.findall(r"^(\S+), rank (\d): predicted (\d+)% less than measured", printed, re.M)
+    assert len(short) == len(rows) - within == 2 and "Two ranks are predicted short" in text
+    names = {"1f1b": "1F1B's", "zb-v": "the V's"}
+    for name, rank, percent in short:
+        assert f"{names[name]} rank {rank} by {percent}%" in text, (name, rank, percent)
+    found = re.search(r"measured on rank 0: .*, ([\d.]+x)$", printed, flags=re.M)
+    assert found and f"peaks at {found.group(1)} ZB-H1's" in text
