@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from zbkit import planner
+from zbkit.schedules import build_schedule
 
 V, H, S, B, M = 128, 32, 8, 4, 2
 
@@ -88,6 +89,15 @@ def test_compare_puts_the_prediction_beside_the_run_and_says_where_they_differ()
     with pytest.raises(ValueError, match="predicted 'zb-h1' but measured '1f1b'"):
         planner.compare(planner.predict(prof, "zb-h1", pp=2, microbatches=M,
                                         stages=pred.stages), got)  # fmt: skip
+    h1 = planner.predict(prof, "zb-h1", pp=2, microbatches=M, stages=pred.stages)
+    moved = planner.measure(layers, batch, "zb-h1", pp=2, microbatches=M, stages=pred.stages,
+                            loss_fn=_loss, steps=1)  # fmt: skip
+    assert planner.compare(h1, moved).measured is moved  # zb-h1 by name: the same program
+    other = build_schedule("1f1b", pp=2, microbatches=M)  # another program, the same name
+    other.name = "zb-h1"
+    wrong = planner.predict(prof, other, pp=2, microbatches=M, stages=pred.stages)
+    with pytest.raises(ValueError, match="the program measured is not the one predicted"):
+        planner.compare(wrong, moved)
     pytest.importorskip("matplotlib")
     fig = both.plot()
     assert len(fig.axes) == 2

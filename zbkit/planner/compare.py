@@ -136,6 +136,14 @@ def compare(prediction: Prediction, measured: Measured, **tolerances: float) -> 
         raise ValueError(
             f"compare: predicted {prediction.schedule.name!r} but measured {measured.schedule!r}"
         )
+    ran = measured.program
+    if (ran.program, ran.stage_to_rank) != (prediction.schedule.program,
+                                            prediction.schedule.stage_to_rank):  # fmt: skip
+        raise ValueError(
+            f"compare: the program measured is not the one predicted ({measured.schedule!r} "
+            "searched or built anew): measure the prediction's own, measure(..., "
+            "prediction.schedule, ...)"
+        )
     if list(prediction.stages) != list(measured.stages):
         raise ValueError(
             f"compare: predicted stages {prediction.stages} but measured {measured.stages}: "

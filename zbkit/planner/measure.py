@@ -64,6 +64,7 @@ class Measured:
     stages: list[range]
     ranks: list[RankMeasured]
     device: str  # what rank 0 ran on ("cpu", "cuda:0")
+    program: Schedule  # what ran
 
     @property
     def step_seconds(self) -> float:
@@ -113,7 +114,7 @@ def measure(
     found = launch(_rank, mods, batch, built, parts, loss_fn, optimizer, steps,
                    nprocs=pp, backend=backend, timeout=timeout)  # fmt: skip
     ranks = [RankMeasured(*r[:4]) for r in found]
-    return Measured(built.name, parts, ranks, found[0][4])
+    return Measured(built.name, parts, ranks, found[0][4], built)
 
 
 def _parts(n: int, count: int, stages) -> list[range]:

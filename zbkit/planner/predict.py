@@ -224,7 +224,9 @@ def _built(schedule, pp: int, m: int, costs: list[Costs], options: dict) -> Sche
                 f"not pp={pp}, microbatches={m}"
             )
         return schedule
-    if record(schedule).searching(True):  # zb-auto searches for these costs, in bytes
+    # a search (zb-auto, zb-opt) is built for these costs, in seconds and bytes; a named
+    # schedule is its own program (zb-v the paper's, as `measure` builds it by name)
+    if record(schedule).searches == "always":
         return build_schedule(schedule, pp=pp, microbatches=m, costs=costs, **options)
     return build_schedule(schedule, pp=pp, microbatches=m, **options)
 
