@@ -124,3 +124,12 @@ def test_bad_input_is_named():
         hf.layers(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="every target is ignore_index"):
         hf.TokenMeanLoss(torch.full((2, 3), -100))
+
+
+def test_tied_names_the_weights_a_model_ties():
+    model = _model("llama-tied")
+    assert hf.tied(model) == {"lm_head.weight": model.lm_head.weight}
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert hf.tied(_model("llama")) == {}
+    gpt = _model("gpt2")
+    assert hf.tied(gpt)["lm_head.weight"] is gpt.transformer.wte.weight

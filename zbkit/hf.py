@@ -7,8 +7,8 @@ the padding mask; each layer builds its causal mask with HF's own mask functions
 sliding window where the config has one) and its rotary position embeddings itself, so any
 contiguous run of them is a stage (`planner.profile`, `LocalPipeline`, `ScheduleRunner`,
 torch's `PipelineStage`). No cache is kept. The parameters are the model's: a tied head
-projects with the embedding's own weight (kept equal across ranks only where one rank
-holds both; `zbkit.doctor` names a tie split over two ranks).
+projects with the embedding's own weight; where the embedding and the head are on two ranks,
+`ScheduleRunner(..., tied=tied(model))` keeps their copies one weight.
 
 `TokenMeanLoss(targets)` is HF's loss over the whole batch (the mean over every target
 token that is not ignored) taken one microbatch at a time: each microbatch's token sum
@@ -20,14 +20,14 @@ Llama, Mistral, Qwen2, Mixtral and Qwen2-MoE (their `model.model.layers`), and G
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-__all__ = ["TokenMeanLoss", "layers"]
+__all__ = ["TokenMeanLoss", "layers", "tied"]
 
 
 class _Embed(nn.Module):
@@ -126,6 +126,17 @@ def layers(model: Any) -> list[nn.Module]:
         f"zbkit.hf.layers knows decoder-only models with model.layers (Llama, Mistral, Qwen2, "
         f"Mixtral, Qwen2-MoE) or transformer.h (GPT-2); {type(model).__name__} has neither"
     )
+
+
+def tied(model: Any) -> dict[str, nn.Parameter]:
+    """The weights `model` ties (its head's and its embedding's, when the config ties them),
+    by name: `ScheduleRunner(..., tied=zbkit.hf.tied(model))` keeps the copies of a tie split
+    over two ranks one weight. Empty for an untied model."""
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    embed = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
+    if head is None or head is not embed:
+        return {}
+    return {"lm_head.weight": cast(nn.Parameter, head)}
 
 
 class TokenMeanLoss:

@@ -107,10 +107,12 @@ def check_shared_across_ranks(setup: Setup) -> list[Finding]:
             "its own copy and gets only its stages' part of the gradient, silently: nothing "
             "adds the parts, and the copies drift apart after the first optimizer step "
             "(LocalPipeline, one process, holds one parameter and is exact)",
-            f"after each step, before the optimizer, sum its gradient over ranks {ranks}: "
-            f"torch.distributed.all_reduce(p.grad, group=...) with a group of ranks {ranks}, "
-            "on each of them; or untie it; or a V schedule (zb-v, dualpipev) that puts "
-            f"stages 0 and {setup.schedule.num_stages - 1} on one rank",
+            f"zbkit's ScheduleRunner(..., tied={{name: p}}) on every rank (zbkit.hf.tied(model) "
+            "for a Hugging Face model) keeps the copies one weight; under torch's runtime, "
+            f"after each step sum its gradient over ranks {ranks} (torch.distributed."
+            "all_reduce(p.grad, group=...)) before the optimizer; or untie it; or a V "
+            f"schedule (zb-v, dualpipev) that puts stages 0 and "
+            f"{setup.schedule.num_stages - 1} on one rank",
             "wrong", stages[0], ranks[0],
         ))  # fmt: skip
     return out

@@ -22,8 +22,9 @@ from zbkit.schedules import Schedule
 _BYTES = 512  # one fingerprint: its length, then UTF-8
 
 
-def fingerprint(schedule: Schedule) -> str:
-    """A line naming the schedule; equal lines mean the same program on the same placement."""
+def fingerprint(schedule: Schedule, extra: str = "") -> str:
+    """A line naming the schedule; equal lines mean the same program on the same placement
+    (and the same `extra`: what else every rank must agree on, e.g. the tied weights)."""
     rows = [f"{r}:" + " ".join(map(str, schedule.program[r])) for r in sorted(schedule.program)]
     text = f"{schedule.stage_to_rank}|{schedule.microbatches}|" + "\n".join(rows)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -31,7 +32,7 @@ def fingerprint(schedule: Schedule) -> str:
     where = str(placement) if len(placement) <= 16 else f"{len(placement)} stages"
     return (
         f"{schedule.name[:60]!r} pp={schedule.pp} microbatches={schedule.microbatches} "
-        f"placement={where} program #{digest}"
+        f"placement={where} program #{digest}" + (f" tied={extra}" if extra else "")
     )
 
 
@@ -41,12 +42,13 @@ def agree_on_schedule(
     device: torch.device,
     timeout: float,
     what: str,
+    extra: str = "",
 ) -> None:
     """Raises ValueError on every rank of ``group`` unless all run ``schedule``'s twin.
 
     ``what`` names the group in messages ("pipeline", "data-parallel").
     """
-    buf = to_bytes_tensor(fingerprint(schedule).encode()[: _BYTES - 4], _BYTES, device)
+    buf = to_bytes_tensor(fingerprint(schedule, extra).encode()[: _BYTES - 4], _BYTES, device)
     gathered = [torch.empty_like(buf) for _ in range(dist.get_world_size(group))]
     rank = dist.get_rank(group)
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from zbkit.parallel import PendingAverage, average_gradients
 from zbkit.parallel.process_group import require_process_group
+from zbkit.parallel.tied import TiedWeights
 from zbkit.pipeline._agree import agree_on_schedule
 from zbkit.pipeline._batch import split_batch
 from zbkit.pipeline._comms import P2P, CommTimeout
@@ -61,6 +62,11 @@ class ScheduleRunner:
         barrier: start every step with a barrier of the pipeline group (off by default: a
             barrier costs a round trip per step and nothing needs it; turn it on to measure
             steps from a common start, or to find a rank that never reaches the step).
+        tied: ``{name: parameter}`` of weights the model ties across stages (a tied embedding
+            and LM head, ``zbkit.hf.tied(model)``), the same names on every rank, each rank's
+            own copy: the copies start equal and each gets the sum of every stage's gradient
+            at the end of a step, as the one parameter does in one process
+            (``zbkit.parallel.tied``).
         check_split: compare this rank's split backwards (I then W) with one whole backward
             of the same microbatch, the first of each input shape, and fail the step naming
             the parameters that differ (see ``PipelineStage``; one extra backward each).
@@ -78,6 +84,7 @@ class ScheduleRunner:
         timeout: float = 60.0,
         barrier: bool = False,
         check_split: bool = False,
+        tied: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         require_process_group("ScheduleRunner", alone="LocalPipeline (every stage in it)")
         schedule = expect_schedule(schedule, "ScheduleRunner")
@@ -125,6 +132,8 @@ class ScheduleRunner:
         self._agreed = False  # the ranks agree on the schedule at the first step
         self._at = 0  # during a step, the plan position reached (a failure tells from there)
         self.trace = Trace()
+        mine = [p for st in stages for p in st.module.parameters()]
+        self._tied = None if tied is None else TiedWeights(tied, mine, f"rank {rank}")
 
     def __repr__(self) -> str:
         return (
@@ -218,7 +227,10 @@ class ScheduleRunner:
         whatever the runner's timeout, which is meant for the waits of a running step.
         """
         device, wait = self.p2p.device, max(self.timeout, FIRST_CONTACT)
-        agree_on_schedule(self.schedule, self.group, device, wait, "pipeline")
+        tied = self._tied.describe() if self._tied is not None else ""
+        agree_on_schedule(self.schedule, self.group, device, wait, "pipeline", tied)
+        if self._tied is not None:  # the copies start equal
+            self._tied.equalize(self.group, wait)
         if self.dp_group is not None:
             agree_on_schedule(self.schedule, self.dp_group, device, wait, "data-parallel")
         self._agreed = True
@@ -278,6 +290,8 @@ class ScheduleRunner:
             self.p2p.finish()  # nothing pending on the wire
             for pending in reductions:
                 pending.wait()
+            if self._tied is not None:  # each copy of a tied weight gets every stage's part
+                self._tied.sum_grads(self.group, self.timeout)
             return state.finish()
         except (TimeoutError, StageError, ValueError) as exc:  # CommTimeout too
             # a send follows the action that produced it; everything else is at `done`
