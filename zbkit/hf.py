@@ -53,30 +53,21 @@ def _mask(config: Any, x: torch.Tensor, padding: torch.Tensor, pos: torch.Tensor
 
 
 class _Decoder(nn.Module):
-    """One decoder layer of the Llama family, with its rotary embeddings made here."""
+    """One decoder layer: the Llama family's, with its rotary embeddings made here, or a
+    GPT-2 block (`rotary` None: its positions were added to the embedding)."""
 
-    def __init__(self, config: Any, layer: nn.Module, rotary: nn.Module) -> None:
+    def __init__(self, config: Any, layer: nn.Module, rotary: nn.Module | None = None) -> None:
         super().__init__()
         self.config, self.layer, self.rotary = config, layer, rotary
 
     def forward(self, x: torch.Tensor, padding: torch.Tensor) -> dict[str, torch.Tensor]:
         pos = torch.arange(x.shape[1], device=x.device)[None]
         mask = _mask(self.config, x, padding, pos)
-        rope = self.rotary(x, pos)
-        out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope)
-        return {"x": out[0] if isinstance(out, tuple) else out, "padding": padding}
-
-
-class _Block(nn.Module):
-    """One GPT-2 block."""
-
-    def __init__(self, config: Any, block: nn.Module) -> None:
-        super().__init__()
-        self.config, self.block = config, block
-
-    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> dict[str, torch.Tensor]:
-        pos = torch.arange(x.shape[1], device=x.device)[None]
-        out = self.block(x, attention_mask=_mask(self.config, x, padding, pos))
+        if self.rotary is None:
+            out = self.layer(x, attention_mask=mask)
+        else:
+            rope = self.rotary(x, pos)
+            out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope)
         return {"x": out[0] if isinstance(out, tuple) else out, "padding": padding}
 
 
@@ -118,7 +109,7 @@ def layers(model: Any) -> list[nn.Module]:
         body = model.transformer
         return [
             _Embed(body.wte, body.wpe),
-            *(_Block(config, block) for block in body.h),
+            *(_Decoder(config, block) for block in body.h),
             _Norm(body.ln_f),
             _Head(model.lm_head),
         ]

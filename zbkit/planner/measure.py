@@ -24,7 +24,7 @@ from torch import nn
 from zbkit.launch import launch
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.planner.allocator import watch
-from zbkit.planner.profile import OPTIMIZERS
+from zbkit.planner.profile import OPTIMIZERS, feed, state_bytes, tensor_bytes
 from zbkit.schedules import Schedule, build_schedule
 
 __all__ = ["Chain", "Measured", "RankMeasured", "measure"]
@@ -41,12 +41,7 @@ class Chain(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         x = self.layers[0](*args, **kwargs)
         for layer in self.layers[1:]:
-            if isinstance(x, Mapping):
-                x = layer(**x)
-            elif isinstance(x, tuple):
-                x = layer(*x)
-            else:
-                x = layer(x)
+            x = feed(layer, x)
         return x
 
 
@@ -162,7 +157,7 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         samples.append(time.perf_counter() - start)
-    start_bytes = _bytes(params) + _bytes(_state(opt))
+    start_bytes = tensor_bytes(params) + state_bytes(opt)
     dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -184,11 +179,3 @@ def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, tuple | list):
         return type(value)(_to(v, device) for v in value)
     return value
-
-
-def _state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for kept in opt.state.values() for v in kept.values() if isinstance(v, torch.Tensor)]
-
-
-def _bytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from os import PathLike
 from typing import Any
@@ -233,7 +233,8 @@ def _check_device(what: str, value: Any, device: torch.device) -> None:
             raise ValueError(f"profile: {what} is on {t.device}, the layers on {device}")
 
 
-def _call(mod: nn.Module, x: Any) -> Any:
+def feed(mod: nn.Module, x: Any) -> Any:
+    """`mod` fed `x`: a tensor as is, a tuple as positional inputs, a dict as keyword ones."""
     if isinstance(x, Mapping):
         return mod(**x)
     if isinstance(x, tuple):
@@ -259,7 +260,7 @@ def _feeds(mods: list[nn.Module], inputs: Any) -> list[Any]:
         for i, mod in enumerate(mods):
             feeds.append(x)
             try:
-                x = _call(mod, x)
+                x = feed(mod, x)
             except Exception as err:  # the pair that does not fit, and what was passed
                 came = "the sample" if i == 0 else f"layer {i - 1}'s output"
                 raise ValueError(
@@ -290,22 +291,22 @@ def _sync(device: torch.device) -> None:
 # ---- one layer ----------------------------------------------------------------------------
 
 
-def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerProfile:
+def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device) -> LayerProfile:
     params = [p for p in mod.parameters() if p.requires_grad]
     held = [p.grad for p in params]  # put back afterwards: profiling leaves no gradients
     for p in params:
         p.grad = None
     try:
         # one step first, untimed: the split backward's analysis is made on the first
-        _timed_step(mod, _received(feed, grads), params, loss, device)
-        times = [_timed_step(mod, _received(feed, grads), params, loss, device)
+        _timed_step(mod, _received(given, grads), params, loss, device)
+        times = [_timed_step(mod, _received(given, grads), params, loss, device)
                  for _ in range(repeats)]  # fmt: skip
-        watched = _watched_step(mod, _received(feed, grads), params, loss, device)
+        watched = _watched_step(mod, _received(given, grads), params, loss, device)
     finally:
         for p, g in zip(params, held, strict=True):
             p.grad = g
     with torch.no_grad():
-        out = _call(mod, _received(feed, False))
+        out = feed(mod, _received(given, False))
     state, step, step_bytes = _optimizer_step(params, make_optimizer, repeats, device)
     return LayerProfile(
         name=f"{i}: {type(mod).__name__}",
@@ -317,12 +318,12 @@ def _layer(i, mod, feed, grads, loss, make_optimizer, repeats, device) -> LayerP
         forward_extra_bytes=watched[3],
         input_grad_extra_bytes=watched[4],
         weight_grad_extra_bytes=watched[5],
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        param_bytes=tensor_bytes(params),
         grad_bytes=watched[2],
         optimizer_bytes=state,
         step=step,
         step_bytes=step_bytes,
-        output_bytes=sum(t.numel() * t.element_size() for t in _tensors(out)),
+        output_bytes=tensor_bytes(_tensors(out)),
         params=sum(p.numel() for p in params),
     )
 
@@ -346,7 +347,7 @@ def _step(mod, x, params, loss, mark: Callable[[str], Any]) -> None:
     """F, I then W of one microbatch, each inside `mark(name)`; nothing kept after W."""
     inputs = [t for t in _tensors(x) if t.requires_grad]
     with mark("zbkit.F"):
-        out = _call(mod, x)
+        out = feed(mod, x)
         if loss is not None:
             roots, seeds = _backward_roots(out, loss)
     with mark("zbkit.I"):
@@ -408,10 +409,22 @@ def _shared(mods: list[nn.Module], j: int, make_optimizer: Callable, device) -> 
         if p.requires_grad and id(p) in seen:
             by_layer.setdefault(seen[id(p)], []).append(p)
     return tuple(
-        (i, sum(p.numel() * p.element_size() for p in ps),
+        (i, tensor_bytes(ps),
          _optimizer_step(ps, make_optimizer, 1, device)[0])
         for i, ps in sorted(by_layer.items())
     )  # fmt: skip
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes of `tensors`' own elements."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """The bytes of the tensors `opt` keeps per parameter (moments, step counters)."""
+    return tensor_bytes(
+        v for kept in opt.state.values() for v in kept.values() if isinstance(v, torch.Tensor)
+    )
 
 
 def _optimizer_step(
@@ -427,12 +440,7 @@ def _optimizer_step(
         c.grad = torch.zeros_like(c)
     opt = make_optimizer(copies)
     opt.step()  # the state appears here
-    state = sum(
-        v.numel() * v.element_size()
-        for kept in opt.state.values()
-        for v in kept.values()
-        if isinstance(v, torch.Tensor)
-    )
+    state = state_bytes(opt)
     times = []
     for _ in range(repeats):
         _sync(device)
