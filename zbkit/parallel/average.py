@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zbkit.parallel.process_group import group_device
+
 __all__ = ["PendingAverage", "average_gradients"]
 
 
@@ -87,9 +89,6 @@ def average_gradients(
     else:
         # Replicas hold the same parameters, so all of them come here: the empty
         # all-reduce still matches theirs, one call per call.
-        device = torch.device("cpu")
-        if dist.get_backend(group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        flat = torch.zeros(0, device=device)
+        flat = torch.zeros(0, device=group_device(group))
     work = dist.all_reduce(flat, group=group, async_op=True)
     return PendingAverage(work, flat, grads, group, timeout, label)

@@ -55,6 +55,14 @@ def _is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where `group`'s collectives take their tensors: this rank's GPU on NCCL (launch and
+    torchrun give rank k GPU k), else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def require_process_group(who: str, alone: str = "") -> None:
     """Raise RuntimeError unless a process group is up, naming ``who`` needs one, how to get
     one, and (``alone``) what to use in one process instead. The one such check in zbkit."""

@@ -19,6 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from zbkit.parallel.process_group import group_device
+
 __all__ = ["TiedWeights"]
 
 
@@ -49,43 +51,49 @@ class TiedWeights:
 
     def equalize(self, group: dist.ProcessGroup | None, timeout: float) -> None:
         """The holders' copies averaged: they start the run equal."""
-        device = self._device(group)
-        flags = torch.tensor([float(h) for h in self.held], device=device)
-        pairs = zip(self.params, self.held, strict=True)
-        values = [self._mine(p, h, p.detach(), device) for p, h in pairs]
-        total = self._reduce(torch.cat([flags, *values]), group, timeout, "copies")
-        counts, values_sum = total[: len(self.held)], total[len(self.held) :]
-        offset = 0
-        for p, held, count in zip(self.params, self.held, counts.tolist(), strict=True):
-            n = p.numel()
-            if held and count > 0:
+        flags = torch.tensor([float(h) for h in self.held], device=group_device(group))
+        counts, totals = self._sum([p.detach() for p in self.params], group, timeout, "copies",
+                                   flags)  # fmt: skip
+        for p, count, total in zip(self.params, counts.tolist(), totals, strict=True):
+            if total is not None and count > 0:
                 with torch.no_grad():
-                    mean = values_sum[offset : offset + n] / count
-                    p.copy_(mean.view_as(p).to(p.device, p.dtype))
-            offset += n
+                    p.copy_(total / count)
 
     def sum_grads(self, group: dist.ProcessGroup | None, timeout: float) -> None:
         """Every holder's `.grad` becomes the sum of all holders' (its stages are done)."""
-        device = self._device(group)
-        pairs = zip(self.params, self.held, strict=True)
-        parts = [self._mine(p, h, p.grad, device) for p, h in pairs]
-        total = self._reduce(torch.cat(parts), group, timeout, "gradients")
-        offset = 0
-        for p, held in zip(self.params, self.held, strict=True):
-            n = p.numel()
-            if held:
-                summed = total[offset : offset + n].view_as(p).to(p.device, p.dtype)
-                p.grad = summed.clone() if p.grad is None else p.grad.copy_(summed)
-            offset += n
+        _, totals = self._sum([p.grad for p in self.params], group, timeout, "gradients")
+        for p, total in zip(self.params, totals, strict=True):
+            if total is not None:
+                p.grad = total.to(p.dtype) if p.grad is None else p.grad.copy_(total)
 
     # ---- pieces
-    def _mine(
-        self, p: torch.Tensor, held: bool, value: torch.Tensor | None, device: torch.device
-    ) -> torch.Tensor:
-        """This rank's contribution for `p`: its value where it holds `p`, else zeros."""
-        if held and value is not None:
-            return value.detach().reshape(-1).to(device, torch.float32)
-        return torch.zeros(p.numel(), device=device, dtype=torch.float32)
+    def _sum(
+        self,
+        values: list[torch.Tensor | None],
+        group: dist.ProcessGroup | None,
+        timeout: float,
+        what: str,
+        head: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Every rank's `values` (one per tied weight: this rank's where it holds the weight
+        and has one, else zeros) summed over `group` in float32, after `head` (summed too);
+        per weight, the sum in its shape and on its device where this rank holds it, else
+        None."""
+        device = group_device(group)
+        parts = [torch.zeros(0, device=device) if head is None else head]
+        for p, held, value in zip(self.params, self.held, values, strict=True):
+            if held and value is not None:
+                parts.append(value.detach().reshape(-1).to(device, torch.float32))
+            else:
+                parts.append(torch.zeros(p.numel(), device=device))
+        flat = self._reduce(torch.cat(parts), group, timeout, what)
+        start = len(parts[0])
+        summed: list[torch.Tensor | None] = []
+        for p, held in zip(self.params, self.held, strict=True):
+            piece = flat[start : start + p.numel()]
+            summed.append(piece.view_as(p).to(p.device).clone() if held else None)
+            start += p.numel()
+        return flat[: len(parts[0])], summed
 
     def _reduce(self, flat: torch.Tensor, group, timeout: float, what: str) -> torch.Tensor:
         work = dist.all_reduce(flat, group=group, async_op=True)
@@ -99,8 +107,3 @@ class TiedWeights:
                 f"[{str(exc).strip()[:200]}]"
             ) from exc
         return flat
-
-    def _device(self, group) -> torch.device:
-        if dist.get_backend(group) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from zbkit.parallel import PendingAverage, average_gradients
-from zbkit.parallel.process_group import require_process_group
+from zbkit.parallel.process_group import group_device, require_process_group
 from zbkit.parallel.tied import TiedWeights
 from zbkit.pipeline._agree import agree_on_schedule
 from zbkit.pipeline._batch import split_batch
@@ -113,9 +113,7 @@ class ScheduleRunner:
             st.check_split = st.check_split or check_split
         self.plan = derive_plan(schedule, rank)
         self.backend = dist.get_backend(group)
-        device = torch.device("cpu")
-        if self.backend == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = group_device(group)
         self.p2p = P2P(
             group, schedule.num_stages, schedule.microbatches, device, timeout, f"rank {rank}"
         )
