@@ -27,10 +27,19 @@ class Kernel:
         stdout after the cell's idle status (its stream flush waits on the IOPub thread, in
         vain past 10 s), so the cell's late messages are read until that text is there (a
         wait that must succeed: minutes). `values`: as many execute_result messages (the
-        cell's value) are waited for the same way.
+        cell's value) are waited for the same way. A request the kernel aborted (it arrived
+        while the kernel still cleared a failed cell) is sent again.
         """
-        msgs = []
-        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
+        resend_until = time.monotonic() + timeout
+        while True:
+            msgs = []
+            reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
+            # Right after a cell that failed (an interrupt), ipykernel aborts the requests that
+            # reach it before it has finished clearing that cell's queue: the cell never ran,
+            # so it is sent again, as a user would run it again.
+            if reply["content"]["status"] != "aborted" or time.monotonic() > resend_until:
+                break
+            time.sleep(0.5)
         cell = reply["parent_header"]["msg_id"]
         deadline = time.monotonic() + timeout
 
