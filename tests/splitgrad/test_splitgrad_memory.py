@@ -206,3 +206,23 @@ def test_what_to_free_is_learned_once_per_structure_and_still_checked_per_graph(
         want = torch.autograd.grad(oracle.forward(x), oracle.params, g)
         for p, w in zip(model.params, want, strict=True):
             torch.testing.assert_close(p.grad, w)
+
+
+def test_a_first_graph_saved_under_hooks_does_not_teach_the_plan_to_free_nothing():
+    # zbkit.pipeline counts what a stage's first forward saves with saved_tensors_hooks:
+    # that graph's slots are hooked, so what may be freed there cannot be read. Were it
+    # learned from that graph, every later microbatch's GELU input would outlive I (found
+    # by the planner: half a MiB more per microbatch than the profile, on every stage)
+    require_fast_paths()
+    for hooked in (True, False, False):
+        model = Watched(width=8)
+        x = x_(5, 8)
+        if hooked:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                out = model.forward(x)
+        else:
+            out = model.forward(x)
+        res = stage_backward_input([out], [torch.ones_like(out)], [x], model.params)
+        # the hooks' packed tensors keep the first graph's; the later graphs' are freed
+        assert _alive(model.only_i) == [hooked, hooked], "I kept what only I needs"
+        stage_backward_weight(model.params, res.pending_weight)

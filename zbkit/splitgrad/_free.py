@@ -129,6 +129,13 @@ def _freeable(one) -> bool:
     )
 
 
+def hooked(node: Node) -> bool:
+    """Whether some tensor `node` saved carries hooks (its forward ran under
+    `saved_tensors_hooks`): what can be freed there cannot be read, so a plan must not
+    learn from it what later graphs, saved without hooks, may free."""
+    return any(one.unpack_hook is not None for one in _slots(node))
+
+
 def freeable(node: Node) -> tuple[str, ...]:
     """The saved-tensor attributes of `node` that `release_saved` would drop now.
 

@@ -33,7 +33,7 @@ import torch
 from torch.autograd.graph import GradientEdge, Node
 
 from zbkit.splitgrad._fast import eager_candidates
-from zbkit.splitgrad._free import free_early, freeable, input_only_nodes
+from zbkit.splitgrad._free import free_early, freeable, hooked, input_only_nodes
 from zbkit.splitgrad._groups import ParamGroup, find_stage_groups
 from zbkit.splitgrad._pending import PendingGroup
 
@@ -124,7 +124,9 @@ class BoundPlan:
         p = self.pos[node]
         names = self.plan.slots.get(p)
         if names is None:
-            names = self.plan.slots[p] = freeable(node)
+            names = freeable(node)
+            if not hooked(node):  # a hooked forward (a first step counting what it saves)
+                self.plan.slots[p] = names
         return names
 
     def input_only(self, works: list[PendingGroup], sizes: tuple) -> tuple[list[Node], list[Node]]:
@@ -137,7 +139,8 @@ class BoundPlan:
             closure = [self.nodes[p] for p in self.plan.closure]
             early, late = free_early(input_only_nodes(closure, works))
             found = (tuple(self.pos[n] for n in early), tuple(self.pos[n] for n in late))
-            if len(self.plan.input_only) < _MAX_MASKS:
+            # sizes read through hooks are unknown (`free_early` counts them 0): not learned
+            if len(self.plan.input_only) < _MAX_MASKS and not any(map(hooked, early + late)):
                 self.plan.input_only[mask] = found
         return [self.nodes[p] for p in found[0]], [self.nodes[p] for p in found[1]]
 
