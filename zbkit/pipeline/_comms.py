@@ -232,7 +232,7 @@ class P2P:
             else:
                 works = [send([route.header], peer, self._header_tag(comm))]
                 works += [send([t], peer, tag) for t, tag in zip(data, tags, strict=True)]
-            self._pending.append((works, comm, data))  # alive until the wire is done
+            self._keep(works, comm, data)
 
     def _send_layout(self, comm: Comm, tensors: Mapping[str, Any]) -> None:
         """A message in another layout than the transfer's last: a header naming a known
@@ -259,7 +259,7 @@ class P2P:
         if note is not None:
             self._post(CommOp.SEND, comm, [note], [self._note_tag(comm)])
         tags = [self._tag(comm, i) for i in range(len(meta.names))]
-        data = [t.contiguous() for k in meta.names if (t := tensors[k]) is not None]
+        data = [_wire(t) for k in meta.names if (t := tensors[k]) is not None]
         self._post(CommOp.SEND, comm, data, tags)  # plain: the header went ahead
         first, payload = _with_header(meta, self.batched, self.device) or (None, None)
         if first is not None:
@@ -424,9 +424,22 @@ class P2P:
                 works = [fn(t, peer, group=self.group, tag=tag) for t, tag in pairs]
         except RuntimeError as exc:
             raise self._timeout(comm, exc) from exc
-        if op is CommOp.SEND:  # keep the tensors alive until the wire is done with them
-            self._pending.append((works, comm, tensors))
+        if op is CommOp.SEND:
+            self._keep(works, comm, tensors)
         return works
+
+    def _keep(self, works: list, comm: Comm, tensors: list[torch.Tensor]) -> None:
+        """Keeps a send's tensors alive until the wire is done with them. Sends already
+        done are let go here, so their buffers are freed as the step goes, not all at its
+        end."""
+        still = []
+        for entry in self._pending:
+            if all(w.is_completed() for w in entry[0]):
+                self._wait(entry[0], entry[1])  # returns at once (or raises: it failed)
+            else:
+                still.append(entry)
+        still.append((works, comm, tensors))
+        self._pending = still
 
     def _wait(self, works: list, comm: Comm) -> None:
         for work in works:
@@ -469,6 +482,14 @@ class P2P:
         return len(self._pending)
 
 
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    """What the wire reads: the data only. Detached, since a send's work holds its tensor
+    until it is waited, and a sent output's graph (with the activations it saves) is the
+    stage's to free at its backward, not the wire's at the end of the step."""
+    t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def _fits(route: _SendRoute, tensors: Mapping[str, Any]) -> list[torch.Tensor] | None:
     """The tensors to send if ``tensors`` is in ``route``'s layout, else None."""
     _, names, shapes, dtypes, grads, nones, *_ = route
@@ -484,7 +505,7 @@ def _fits(route: _SendRoute, tensors: Mapping[str, Any]) -> list[torch.Tensor] |
             or t.requires_grad != rg
         ):
             return None
-        data.append(t if t.is_contiguous() else t.contiguous())  # the wire reads the data only
+        data.append(_wire(t))
     for k in nones:
         if k not in tensors or tensors[k] is not None:
             return None
