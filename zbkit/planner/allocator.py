@@ -46,6 +46,10 @@ class Watched:
                 most = max(most, level)
         return most
 
+    def held(self) -> int:
+        """Bytes allocated since the watch began and still held when it ended."""
+        return sum(b for _, b in self.changes)
+
     def peak(self) -> int:
         """The most bytes held at once above what was held when the watch began."""
         return max(0, max(accumulate(b for _, b in self.changes), default=0))

@@ -2,11 +2,12 @@
 
 Each rank is a fresh process (`zbkit.launch`: gloo on CPU, NCCL on GPUs) holding its stages'
 layers in a `PipelineStage`, stepped by `ScheduleRunner` with the optimizer named. After one
-warm-up step (the optimizer's state exists from then on), `steps` steps are timed and one
-more is watched by torch's own allocator: on CUDA `max_memory_allocated` after
+warm-up step (the optimizer's state exists from then on), one step is watched by torch's own
+allocator and `steps` more are timed: on CUDA `max_memory_allocated` after
 `reset_peak_memory_stats`; on the CPU the allocation and free events `torch.profiler`
-records (`allocator.watch`), on top of what was live when the step began (the parameters
-and the optimizer's state, counted from the tensors).
+records (`allocator.watch`), on top of what was live when the step began: the parameters,
+counted from the tensors, and what the setup and the warm-up left allocated (the optimizer's
+state, the runtime's receive buffers), from the same events.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from zbkit.launch import launch
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.planner.allocator import watch
-from zbkit.planner.profile import OPTIMIZERS, feed, state_bytes, tensor_bytes
+from zbkit.planner.profile import OPTIMIZERS, feed, tensor_bytes
 from zbkit.schedules import Schedule, build_schedule
 
 __all__ = ["Chain", "Measured", "RankMeasured", "measure"]
@@ -48,7 +49,7 @@ class Chain(nn.Module):
 @dataclass(frozen=True)
 class RankMeasured:
     peak_bytes: int  # the most the allocator held during a step
-    start_bytes: int  # live when the step began: parameters and optimizer state
+    start_bytes: int  # live when the step began: parameters, optimizer state, buffers
     seconds: float  # median step, the optimizer's step included
     samples: tuple[float, ...]
 
@@ -130,25 +131,47 @@ def _parts(n: int, count: int, stages) -> list[range]:
 
 
 def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
-    """One rank's share: its stages, the runner, a warm-up step, timed steps, a watched step."""
+    """One rank's share: its stages, the runner, a warm-up step, a watched step, timed steps.
+
+    What is live when the watched step begins is every byte this rank holds: on CUDA the
+    allocator's count; on the CPU the parameters (made before this function ran) and what
+    the setup and the warm-up left allocated (the optimizer's state, the runtime's receive
+    buffers), as the allocator's events under `watch` say."""
     rank = dist.get_rank()
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     mine = [s for s, r in enumerate(schedule.stage_to_rank) if r == rank]
-    stages = [
-        PipelineStage(Chain([mods[i] for i in parts[s]]).to(device), s, schedule.num_stages)
-        for s in mine
-    ]
-    runner = ScheduleRunner(schedule, stages, loss_fn)
-    params = [p for st in stages for p in st.module.parameters()]
-    opt = OPTIMIZERS[optimizer](params)
-    inputs, targets = (_to(x, device) for x in batch)
+    params: list[torch.Tensor] = []
+    made: dict[str, Any] = {}
 
-    def step() -> None:
-        runner.step(inputs, targets=targets)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def setup() -> None:
+        stages = [
+            PipelineStage(Chain([mods[i] for i in parts[s]]).to(device), s, schedule.num_stages)
+            for s in mine
+        ]
+        params.extend(p for st in stages for p in st.module.parameters())
+        made["runner"] = ScheduleRunner(schedule, stages, loss_fn)
+        made["opt"] = OPTIMIZERS[optimizer](params)
+        made["step"] = _stepper(made["runner"], made["opt"], batch, device)
+        made["step"]()  # warm-up: the optimizer's state, the analyses and the shapes
 
-    step()  # warm-up: the optimizer's state, the analyses and the shapes are made here
+    step: Callable[[], None]
+    dist.barrier()
+    if device.type == "cuda":
+        setup()
+        step = made["step"]
+        dist.barrier()
+        torch.cuda.synchronize(device)
+        start_bytes = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        set_up = watch(setup, device)
+        step = made["step"]
+        start_bytes = tensor_bytes(params) + set_up.held()
+        dist.barrier()
+        peak = watch(step, device).peak() + start_bytes
     samples = []
     for _ in range(steps):
         dist.barrier()
@@ -157,18 +180,19 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         samples.append(time.perf_counter() - start)
-    start_bytes = tensor_bytes(params) + state_bytes(opt)
-    dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - base + start_bytes
-    else:
-        peak = watch(step, device).peak() + start_bytes
     return peak, start_bytes, statistics.median(samples), tuple(samples), str(device)
+
+
+def _stepper(runner: ScheduleRunner, opt: torch.optim.Optimizer, batch, device):
+    """One training step: the schedule, the optimizer's step, the gradients let go."""
+    inputs, targets = (_to(x, device) for x in batch)
+
+    def step() -> None:
+        runner.step(inputs, targets=targets)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
 
 
 def _to(value: Any, device: torch.device) -> Any:

@@ -4,11 +4,20 @@ Each stage is a contiguous run of the profile's layers (`stages`, or balanced by
 `Costs` are in seconds and bytes: F, I and W the sums of its layers' medians (plus the
 runtime's own `overhead` per action and the wire's `hop` per transfer, both measured by the
 caller), `mem_activation` what one microbatch's F leaves held until its I (its layers'
-activations and the input it received), `mem_weight` what I leaves held until W. The
+activations, its output among them), `mem_weight` what I leaves held until W. The
 simulator runs the schedule on them; every rank's peak is then read from the same memory
 rule, split into what is held: parameters, gradients (from a stage's first weight pass on),
-optimizer state, activations, W state and received inputs. The optimizer's step follows the
-last action of each rank and may peak higher: its own transient bytes above the state.
+optimizer state, activations, W state, and what the runtime keeps for the wire:
+
+- receive buffers, one per microbatch and transfer from another rank, made at the first
+  step and received into again at every later one (static, like the parameters);
+- on the CPU, what a stage sent (its outputs, its input gradients) from the backward that
+  let go of it until the step's end: gloo says a send is done only when it is waited, and
+  the runtime waits for its sends when the step ends. On CUDA a finished send is let go at
+  the next one and counts nothing here.
+
+The optimizer's step follows the last action of each rank and may peak higher: its own
+transient bytes above the state.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from zbkit.schedules.catalog import record
 
 __all__ = ["Prediction", "RankPrediction", "balanced", "predict"]
 
-_PARTS = ("activations", "weight_state", "received", "gradients")
+_PARTS = ("activations", "weight_state", "sent", "gradients")
 
 
 @dataclass(frozen=True)
@@ -37,7 +46,8 @@ class RankPrediction:
     optimizer: int
     activations: int  # saved for the backward (F until I)
     weight_state: int  # kept for the weight pass (I until W)
-    received: int  # inputs received from the previous stage, held until their I
+    received: int  # receive buffers: one per microbatch and transfer from another rank
+    sent: int  # what sends still hold (the CPU's gloo: until the step's end)
     transient: int  # held for a while inside the action running at the peak, beyond the above
     seconds: float  # from the step's start to the end of this rank's optimizer step
     at_step: bool  # the peak is the optimizer's step, not the compute
@@ -51,6 +61,7 @@ class RankPrediction:
             "activations": self.activations,
             "weight_state": self.weight_state,
             "received": self.received,
+            "sent": self.sent,
             "transient": self.transient,
         }
 
@@ -72,7 +83,7 @@ class Prediction:
             f"{self.schedule.name}, pp={self.schedule.pp}, m={self.schedule.microbatches}: "
             f"step {self.step_seconds * 1e3:.3g} ms",
             f"{'rank':>4} {'peak':>10} {'params':>10} {'grads':>10} {'optim':>10} "
-            f"{'activ':>10} {'W state':>10} {'recv':>10} {'transient':>10}",
+            f"{'activ':>10} {'W state':>10} {'recv':>10} {'sent':>10} {'transient':>10}",
         ]
         for r, p in enumerate(self.ranks):
             cells = [p.peak_bytes, *p.breakdown.values()]
@@ -211,7 +222,7 @@ def _stage_costs(
         I=sum(x.input_grad.median for x in mine) + overhead,
         W=sum(x.weight_grad.median for x in mine) + overhead,
         comm=hop,
-        mem_activation=float(sum(x.activation_bytes for x in mine) + received),
+        mem_activation=float(sum(x.activation_bytes for x in mine)),
         mem_weight=float(sum(x.weight_state_bytes for x in mine)),
     )
 
@@ -246,14 +257,14 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
         "step_bytes": [max(layers[i].step_bytes for i in p) for p in parts],
         "activations": [sum(layers[i].activation_bytes for i in p) for p in parts],
         "weight_state": [sum(layers[i].weight_state_bytes for i in p) for p in parts],
-        "received": [layers[p.start - 1].output_bytes if p.start > 0 else 0 for p in parts],
+        **_wire_bytes(profile, schedule, parts),
     }
-    extra = {  # per kind and stage: the most one of its layers goes beyond the rule
-        "F": [max(layers[i].forward_extra_bytes for i in p) for p in parts],
-        "I": [max(layers[i].input_grad_extra_bytes for i in p) for p in parts],
-        "W": [max(layers[i].weight_grad_extra_bytes for i in p) for p in parts],
-    }
-    extra["B"] = [max(a, b) for a, b in zip(extra["I"], extra["W"], strict=True)]
+    extra = _extras(profile, parts)
+    # stage 0 has no input gradient: the runtime runs its whole backward at W, so what its
+    # F saved is held until W, and its W goes as far as a full backward
+    per_stage["weight_state"][0] = per_stage["activations"][0]
+    extra |= {"I": [0, *extra["I"][1:]], "W": [extra["B"][0], *extra["W"][1:]],
+              "W+": [extra["B+"][0], *extra["W+"][1:]]}  # fmt: skip
     step_seconds = [sum(layers[i].step.median for i in p) for p in parts]
     _count_shared_once(profile, parts, where, per_stage)
     held = _held_at_peak(sim, per_stage, extra, schedule.pp)
@@ -264,22 +275,78 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
         def total(key: str, stages: list[int] = mine) -> int:
             return sum(per_stage[key][s] for s in stages)
 
-        def seconds_of(stages: list[int] = mine) -> float:
-            return sum(step_seconds[s] for s in stages)
-
-        static = total("parameters") + total("optimizer")
+        static = total("parameters") + total("optimizer") + total("received")
         compute = static + sum(held[r][k] for k in (*_PARTS, "transient"))
         step = static + total("gradients") + max(per_stage["step_bytes"][s] for s in mine)
         ends = [end for (_, end) in sim.times.get(r, [])]
-        seconds = (max(ends) if ends else 0.0) + seconds_of()
+        seconds = (max(ends) if ends else 0.0) + sum(step_seconds[s] for s in mine)
         out.append(
             RankPrediction(
                 max(compute, step), total("parameters"), held[r]["gradients"], total("optimizer"),
-                held[r]["activations"], held[r]["weight_state"], held[r]["received"],
-                held[r]["transient"], seconds, step > compute,
+                held[r]["activations"], held[r]["weight_state"], total("received"),
+                held[r]["sent"], held[r]["transient"], seconds, step > compute,
             )
         )  # fmt: skip
     return out
+
+
+def _extras(profile: Profile, parts: list[range]) -> dict[str, list[int]]:
+    """Per kind and stage, the most its actions hold beyond the rule while they run: a
+    layer's own bytes beyond it (`LayerProfile.*_extra_bytes`; "W+" and "B+" once the
+    gradients exist), less what the layers after it in the stage let go before its turn
+    (a backward walks the stage from its last layer to its first)."""
+    fields = {
+        "F": "forward_extra_bytes",
+        "I": "input_grad_extra_bytes",
+        "W": "weight_grad_extra_bytes",
+        "B": "backward_extra_bytes",
+        "W+": "weight_grad_accumulate_extra_bytes",
+        "B+": "backward_accumulate_extra_bytes",
+    }
+    out: dict[str, list[int]] = {}
+    for kind, name in fields.items():
+        per_stage = []
+        for part in parts:
+            mine = [profile.layers[i] for i in part]
+            if kind == "F":  # a forward frees nothing on its way
+                per_stage.append(max(getattr(x, name) for x in mine))
+                continue
+            freed, most = 0, 0
+            for x in reversed(mine):
+                most = max(most, getattr(x, name) - freed)
+                freed += _let_go(x, kind)
+            per_stage.append(most)
+        out[kind] = per_stage
+    return out
+
+
+def _let_go(layer, kind: str) -> int:
+    """What a layer's backward of `kind` lets go of by its end."""
+    if kind.startswith("W"):
+        return layer.weight_state_bytes
+    if kind.startswith("B"):
+        return layer.activation_bytes
+    return max(0, layer.activation_bytes - layer.weight_state_bytes)
+
+
+def _wire_bytes(profile: Profile, schedule: Schedule, parts: list[range]) -> dict[str, list[int]]:
+    """Per stage, what the runtime keeps for the wire: its receive buffers (one per
+    microbatch, for its inputs from a stage on another rank and for its outputs' gradients
+    from one) and what one backward leaves sent (its outputs to, and its input gradients
+    for, a stage on another rank; held on the CPU only, see the module docstring)."""
+    where, m = schedule.stage_to_rank, schedule.microbatches
+    last = len(parts) - 1
+    held = profile.device.startswith("cpu")
+    received, sent = [], []
+    for s, part in enumerate(parts):
+        inputs = profile.layers[part.start - 1].output_bytes if s > 0 else 0
+        outputs = profile.layers[part.stop - 1].output_bytes if s < last else 0
+        prev_remote = s > 0 and where[s - 1] != where[s]
+        next_remote = s < last and where[s + 1] != where[s]
+        both = inputs * prev_remote + outputs * next_remote
+        received.append(m * both)
+        sent.append(both if held else 0)
+    return {"received": received, "sent": sent}
 
 
 def _count_shared_once(profile: Profile, parts: list[range], where: list[int], per_stage) -> None:
@@ -297,28 +364,36 @@ def _count_shared_once(profile: Profile, parts: list[range], where: list[int], p
 
 def _held_at_peak(sim: Simulation, per_stage: dict, extra: dict, pp: int) -> list[dict[str, int]]:
     """Per rank, what is held of each part at the rank's compute peak: the memory rule
-    replayed with each part's bytes (growth at an action's start, shrinking at its end, as
-    `memory_steps` does), a stage's gradients from the start of its first weight pass, and
-    while an action runs, its own bytes beyond the rule (`extra`, by kind and stage)."""
+    replayed with each part's bytes (growth at an action's start and shrinking at its end,
+    as `memory_steps` does, but an input pass's change all at its end), a stage's
+    gradients from the start of its first weight pass, what a backward sent from its end
+    to the step's, and while an action runs, its own bytes beyond the rule (`extra`, by
+    kind and stage; "W+" and "B+" once its gradients exist)."""
     changes: list[list[tuple[float, int, dict[str, int], int]]] = [[] for _ in range(pp)]
     weighted: set[int] = set()
     for order, e in enumerate(sorted(sim.events, key=lambda e: (e.rank, e.start))):
         kind = KINDS[e.kind]
         delta = {
             "activations": kind.act * per_stage["activations"][e.stage],
-            "received": kind.act * per_stage["received"][e.stage],
             "weight_state": kind.weight * per_stage["weight_state"][e.stage],
             "gradients": 0,
         }
-        if kind.does_weight and e.stage not in weighted:
+        later = kind.does_weight and e.stage in weighted
+        if kind.does_weight and not later:
             weighted.add(e.stage)
             delta["gradients"] = per_stage["gradients"][e.stage]
-        grow = {k: v for k, v in delta.items() if v > 0}
-        shrink = {k: v for k, v in delta.items() if v < 0}
-        running = extra.get(e.kind, [0] * len(per_stage["activations"]))[e.stage]
+        # a forward's and a weight pass's new bytes are held from its start; an input pass
+        # turns what F saved into what W needs, at its end (its own bytes are its extra)
+        grow = {k: v for k, v in delta.items() if v > 0 and (kind.act >= 0 or k == "gradients")}
+        after = {k: v for k, v in delta.items() if k not in grow and v}
+        # what was sent stays once the action that lets its activations go has run (stage
+        # 0 keeps them until W: `_ranks`)
+        if (kind.weight < 0 or kind.act < 0) if e.stage == 0 else kind.act < 0:
+            after["sent"] = per_stage["sent"][e.stage]
+        running = extra[e.kind + "+" * later][e.stage]
         changes[e.rank].append((e.start, order, grow, running))  # its extra while it runs
-        if shrink:
-            changes[e.rank].append((e.end, order, shrink, 0))
+        if after:
+            changes[e.rank].append((e.end, order, after, 0))
     out = []
     for per_rank in changes:
         level = dict.fromkeys(_PARTS, 0)

@@ -31,7 +31,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from zbkit.planner.allocator import watch
-from zbkit.splitgrad import stage_backward_input, stage_backward_weight
+from zbkit.splitgrad import stage_backward_full, stage_backward_input, stage_backward_weight
 
 __all__ = ["OPTIMIZERS", "LayerProfile", "Profile", "Timing", "profile"]
 
@@ -83,6 +83,12 @@ class LayerProfile:
     # embedding's): (that layer, parameter bytes, optimizer bytes), counted once on a rank
     # that holds both
     shared: tuple[tuple[int, int, int], ...] = ()
+    # a full backward's (B: I and W in one pass) bytes beyond the rule, its gradients new;
+    # and W's and B's when the gradients exist already (a later microbatch's weight pass
+    # adds a fresh gradient into `.grad`: for a while both are held)
+    backward_extra_bytes: int = 0
+    weight_grad_accumulate_extra_bytes: int = 0
+    backward_accumulate_extra_bytes: int = 0
 
 
 _TIMINGS = ("forward", "input_grad", "weight_grad", "step")
@@ -302,6 +308,7 @@ def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device) -> Layer
         times = [_timed_step(mod, _received(given, grads), params, loss, device)
                  for _ in range(repeats)]  # fmt: skip
         watched = _watched_step(mod, _received(given, grads), params, loss, device)
+        later = _accumulating(mod, lambda: _received(given, grads), params, loss, device)
     finally:
         for p, g in zip(params, held, strict=True):
             p.grad = g
@@ -325,6 +332,9 @@ def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device) -> Layer
         step_bytes=step_bytes,
         output_bytes=tensor_bytes(_tensors(out)),
         params=sum(p.numel() for p in params),
+        backward_extra_bytes=later[0],
+        weight_grad_accumulate_extra_bytes=later[1],
+        backward_accumulate_extra_bytes=later[2],
     )
 
 
@@ -343,13 +353,19 @@ def _backward_roots(out: Any, loss) -> tuple[list[torch.Tensor], list[torch.Tens
     return roots, [torch.ones_like(t) for t in roots]
 
 
-def _step(mod, x, params, loss, mark: Callable[[str], Any]) -> None:
-    """F, I then W of one microbatch, each inside `mark(name)`; nothing kept after W."""
+def _step(mod, x, params, loss, mark: Callable[[str], Any], full: bool = False) -> None:
+    """F, I then W of one microbatch (`full`: F then B), each inside `mark(name)`;
+    nothing kept after the backward."""
     inputs = [t for t in _tensors(x) if t.requires_grad]
     with mark("zbkit.F"):
         out = feed(mod, x)
-        if loss is not None:
+        if loss is not None or full:
             roots, seeds = _backward_roots(out, loss)
+    if full:
+        with mark("zbkit.B"):
+            stage_backward_full(roots, seeds, inputs)
+            del out, roots, seeds
+        return
     with mark("zbkit.I"):
         if loss is None:  # the gradient the next stage would send
             roots, seeds = _backward_roots(out, loss)
@@ -387,14 +403,35 @@ def _timed_step(mod, x, params, loss, device) -> tuple[float, float, float]:
 def _watched_step(mod, x, params, loss, device) -> tuple[int, ...]:
     """Bytes held after F, after I and after W, by the allocator, and how far each action
     went beyond what the planner's memory rule holds while it runs (F: what F leaves;
-    I: that and what I leaves; W: what I left and the gradients W makes)."""
+    I: what F left, turned into what I leaves at its end; W: what I left and the
+    gradients W makes)."""
     watched = watch(lambda: _step(mod, x, params, loss, record_function), device)
     f, i, w = (watched.after(f"zbkit.{k}") for k in "FIW")
-    ruled = {"F": f, "I": f + i, "W": i + w}
+    ruled = {"F": f, "I": f, "W": i + w}
     extra = [max(0, watched.peak_within(f"zbkit.{k}") - ruled[k]) for k in "FIW"]
     for p in params:
         p.grad = None
     return (f, i, w, *extra)
+
+
+def _accumulating(mod, given: Callable[[], Any], params, loss, device) -> tuple[int, int, int]:
+    """How far B (its gradients new), then W and B adding into existing gradients, go
+    beyond what the memory rule holds while they run (what was held at their start, and a
+    new B's gradients)."""
+    fresh = watch(lambda: _step(mod, given(), params, loss, record_function, True), device)
+    grads = tensor_bytes(p.grad for p in params if p.grad is not None)
+    b = _beyond(fresh, "zbkit.B", grads)
+    split = watch(lambda: _step(mod, given(), params, loss, record_function), device)
+    full = watch(lambda: _step(mod, given(), params, loss, record_function, True), device)
+    for p in params:
+        p.grad = None
+    return b, _beyond(split, "zbkit.W", 0), _beyond(full, "zbkit.B", 0)
+
+
+def _beyond(watched, mark: str, new: int) -> int:
+    """The most `mark` held above what was held at its start and `new` bytes it keeps."""
+    start = watched.live_at(watched.marks[mark][0])
+    return max(0, watched.peak_within(mark) - start - new)
 
 
 def _shared(mods: list[nn.Module], j: int, make_optimizer: Callable, device) -> tuple:
