@@ -68,7 +68,7 @@ def main() -> None:
                     print(f"  {name:17} not built: {err}")
                     continue
                 got = planner.measure(layers, batch, pred.schedule, pp=pp, microbatches=m,
-                                      stages=pred.stages, loss_fn=_loss, steps=3,
+                                      stages=pred.stages, loss_fn=_loss, steps=5,
                                       backend=backend)  # fmt: skip
                 peaks = [
                     p.peak_bytes / r.peak_bytes for p, r in zip(pred.ranks, got.ranks, strict=True)

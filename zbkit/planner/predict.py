@@ -125,7 +125,8 @@ def predict(
     by F + I + W, `balanced`). `hop`: seconds a transfer between ranks adds to a wait;
     `overhead`: the runtime's own seconds per action (both measured, e.g. from a run's
     trace with `zbkit.schedules.measure`). `wire`: both as `planner.wire()` measured them,
-    a stage's hop then by the bytes it receives or sends."""
+    a stage's hop then by the bytes it receives or sends, and every compute time
+    scaled by its `crowding` (ranks sharing a host slow each other down)."""
     if not isinstance(profile, Profile):
         raise TypeError(f"predict takes a planner.Profile, got {type(profile).__name__}")
     for what, value in (("hop", hop), ("overhead", overhead)):
@@ -139,7 +140,7 @@ def predict(
     costs = [_stage_costs(profile, layers, hop, overhead, wire) for layers in parts]
     built = _built(schedule, pp, microbatches, costs, options)
     sim = simulate(built, costs)
-    ranks = _ranks(profile, built, parts, sim)
+    ranks = _ranks(profile, built, parts, sim, wire.crowding if wire is not None else 1.0)
     return Prediction(built, parts, costs, sim, ranks, max(r.seconds for r in ranks), profile)
 
 
@@ -213,18 +214,25 @@ def _work(layer) -> float:
 def _stage_costs(
     profile: Profile, layers: range, hop: float, overhead: float, wire: Wire | None
 ) -> Costs:
+    """One stage's `Costs`. Stage 0 has no input gradient, so the runtime runs its whole
+    backward at W: its I is the runtime's own cost alone, its W both halves, and what F
+    saved is held until W."""
     mine = [profile.layers[i] for i in layers]
     received = profile.layers[layers.start - 1].output_bytes if layers.start > 0 else 0
+    crowding = 1.0
     if wire is not None:  # what it waits for: activations in, or its outputs' gradients
         hop, overhead = wire.hop(max(received, mine[-1].output_bytes)), wire.overhead
-    return Costs(
-        F=sum(x.forward.median for x in mine) + overhead,
-        I=sum(x.input_grad.median for x in mine) + overhead,
-        W=sum(x.weight_grad.median for x in mine) + overhead,
-        comm=hop,
-        mem_activation=float(sum(x.activation_bytes for x in mine)),
-        mem_weight=float(sum(x.weight_state_bytes for x in mine)),
-    )
+        crowding = wire.crowding
+    f, i, w = (crowding * sum(getattr(x, k).median for x in mine) for k in _COMPUTE)
+    activations = float(sum(x.activation_bytes for x in mine))
+    weight_state = float(sum(x.weight_state_bytes for x in mine))
+    if layers.start == 0:
+        i, w, weight_state = 0.0, i + w, activations
+    return Costs(F=f + overhead, I=i + overhead, W=w + overhead, comm=hop,
+                 mem_activation=activations, mem_weight=weight_state)  # fmt: skip
+
+
+_COMPUTE = ("forward", "input_grad", "weight_grad")
 
 
 def _built(schedule, pp: int, m: int, costs: list[Costs], options: dict) -> Schedule:
@@ -245,7 +253,9 @@ def _built(schedule, pp: int, m: int, costs: list[Costs], options: dict) -> Sche
 # ---- per rank -----------------------------------------------------------------------------
 
 
-def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simulation):
+def _ranks(
+    profile: Profile, schedule: Schedule, parts: list[range], sim: Simulation, crowding: float
+):
     where = schedule.stage_to_rank
     layers = profile.layers
     per_stage: dict[str, list[int]] = {
@@ -265,7 +275,7 @@ def _ranks(profile: Profile, schedule: Schedule, parts: list[range], sim: Simula
     per_stage["weight_state"][0] = per_stage["activations"][0]
     extra |= {"I": [0, *extra["I"][1:]], "W": [extra["B"][0], *extra["W"][1:]],
               "W+": [extra["B+"][0], *extra["W+"][1:]]}  # fmt: skip
-    step_seconds = [sum(layers[i].step.median for i in p) for p in parts]
+    step_seconds = [crowding * sum(layers[i].step.median for i in p) for p in parts]
     _count_shared_once(profile, parts, where, per_stage)
     held = _held_at_peak(sim, per_stage, extra, schedule.pp)
     out = []

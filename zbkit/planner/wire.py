@@ -8,11 +8,18 @@ to its consumer's start on another rank where that rank sat waiting
 action's duration at the smaller size (the compute in it is a few elementwise products).
 The two hops give a line, `latency + bytes * per_byte`: what `predict` charges a stage
 for each transfer of its tensors.
+
+And the crowding: ranks that share a machine (gloo ranks on one host's cores) slow each
+other down, through the memory bus and shared caches, where a profile measured one layer
+alone. A small MLP's forward and backward is timed on each rank alone, then on every rank
+at once; the median ratio is what `predict` multiplies the profile's compute by (about 1
+where each rank has its own GPU).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +42,7 @@ class Wire:
     latency: float
     per_byte: float
     overhead: float
+    crowding: float = 1.0  # compute on every rank at once / on one rank alone
 
     def hop(self, nbytes: int) -> float:
         """Seconds one transfer of `nbytes` adds to the wait of the stage receiving it."""
@@ -66,13 +74,14 @@ def wire(
     if not 0 < small < large:
         raise ValueError(f"wire: sizes must be two byte counts, smaller first, got {sizes!r}")
     found = launch(_rank, sizes, microbatches, nprocs=pp, backend=backend, timeout=timeout)
-    hops, overhead = found[0]
+    hops, overhead, _ = found[0]
     per_byte = max(0.0, (hops[1] - hops[0]) / (large - small))
     latency = max(0.0, hops[0] - small * per_byte)
-    return Wire(latency, per_byte, overhead)
+    crowding = statistics.median(ratio for *_, ratio in found)
+    return Wire(latency, per_byte, overhead, crowding)
 
 
-def _rank(sizes: tuple[int, int], m: int) -> tuple[list[float], float]:
+def _rank(sizes: tuple[int, int], m: int) -> tuple[list[float], float, float]:
     rank, pp = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     schedule = build_schedule("1f1b", pp=pp, microbatches=m)
@@ -86,4 +95,36 @@ def _rank(sizes: tuple[int, int], m: int) -> tuple[list[float], float]:
         trace = runner.gather_trace()
         hops.append(hop_latency(trace.events))
         overheads.append(statistics.median(e.end - e.start for e in trace.events))
-    return hops, overheads[0]
+    return hops, overheads[0], _crowding(device)
+
+
+def _crowding(device: torch.device, repeats: int = 9, rounds: int = 5) -> float:
+    """This rank's compute with every rank computing at once, over its compute alone (the
+    others waiting at a barrier): medians of `repeats` forward and backward passes, the
+    median ratio of `rounds` (the host's own noise comes and goes)."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).to(device)
+    x = torch.randn(512, 256, device=device)
+
+    def timed() -> float:
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mlp(x).sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    timed()  # warm-up: the allocator's pages and the kernels
+    ratios = []
+    for _ in range(rounds):
+        alone = 0.0
+        for turn in range(dist.get_world_size()):
+            dist.barrier()
+            if turn == dist.get_rank():
+                alone = timed()
+        dist.barrier()
+        ratios.append(timed() / alone)
+    dist.barrier()
+    return statistics.median(ratios)
