@@ -48,6 +48,7 @@ def main() -> None:
     torch.set_num_threads(1)
     device = torch.device(args.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    tally: dict[str, list[bool]] = {"bytes": [], "time": [], "order": []}
     for pp in args.pp:
         layers = [layer.to(device) for layer in _model(2 * pp)]
         measured_wire = planner.wire(pp=pp, backend=backend)
@@ -61,6 +62,7 @@ def main() -> None:
             sample = (batch[0][: B // m], batch[1][: B // m])
             prof = planner.profile(layers, sample, loss_fn=_loss, repeats=5)
             print(f"pp={pp} m={m}: predicted / measured")
+            times = {}
             for name in args.schedules:
                 try:
                     pred = planner.predict(prof, name, pp=pp, microbatches=m, wire=measured_wire)
@@ -73,10 +75,34 @@ def main() -> None:
                 peaks = [
                     p.peak_bytes / r.peak_bytes for p, r in zip(pred.ranks, got.ranks, strict=True)
                 ]
+                times[name] = (pred.step_seconds, got.step_seconds)
+                tally["bytes"].extend(abs(x - 1) <= 0.05 for x in peaks)
+                tally["time"].append(abs(pred.step_seconds / got.step_seconds - 1) <= 0.15)
                 time = pred.step_seconds / got.step_seconds
                 print(f"  {name:17} peak bytes per rank " + " ".join(f"{x:.3f}" for x in peaks)
                       + f"   step {pred.step_seconds * 1e3:7.1f} / {got.step_seconds * 1e3:7.1f} ms"
                       f" = {time:.3f}")  # fmt: skip
+            tally["order"].extend(_order(times))
+    for what, label in (
+        ("bytes", "ranks' peak bytes within 5%"),
+        ("time", "steps' time within 15%"),
+        ("order", "pairs measured > 10% apart, predicted in the same order"),
+    ):
+        hits = tally[what]
+        print(f"{label}: {sum(hits)} of {len(hits)}")  # fmt: skip
+
+
+def _order(times: dict[str, tuple[float, float]]) -> list[bool]:
+    """For each pair of schedules whose measured step times differ by more than 10%:
+    whether the prediction puts them in the same order."""
+    out = []
+    names = sorted(times)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            (pa, ma), (pb, mb) = times[a], times[b]
+            if max(ma, mb) > 1.1 * min(ma, mb):
+                out.append((pa < pb) == (ma < mb))
+    return out
 
 
 if __name__ == "__main__":

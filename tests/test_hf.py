@@ -3,12 +3,17 @@ gradients in one process (tiny configs, nothing downloaded)."""
 
 from __future__ import annotations
 
+import sys
+
+import cloudpickle
 import pytest
 import torch
+import torch.distributed as dist
 
 transformers = pytest.importorskip("transformers")
 
 from zbkit import hf, planner  # noqa: E402
+from zbkit.launch import launch  # noqa: E402
 from zbkit.pipeline import LocalPipeline  # noqa: E402
 from zbkit.planner import Chain  # noqa: E402
 from zbkit.schedules import build_schedule  # noqa: E402
@@ -133,3 +138,64 @@ def test_tied_names_the_weights_a_model_ties():
     assert hf.tied(_model("llama")) == {}
     gpt = _model("gpt2")
     assert hf.tied(gpt)["lm_head.weight"] is gpt.transformer.wte.weight
+
+
+def _torch_pipelines() -> dict[str, tuple[float | None, dict[str, torch.Tensor]]]:
+    """On this rank: llama (untied) and GPT-2 (its head tied to the embedding) under torch's
+    own PipelineStage, Schedule1F1B on two stages and ScheduleZBVZeroBubble on four (the V:
+    rank 0 holds the first and the last); per case the loss summed over microbatches (on
+    the rank holding the last stage) and this rank's gradients by HF's names."""
+    # torch's pipelining is imported in the rank, where a process group exists
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleZBVZeroBubble
+
+    rank, cpu, out = dist.get_rank(), torch.device("cpu"), {}
+    ids, mask, labels = _batch()
+    targets = _shifted(labels)
+    for name in ("llama", "gpt2"):
+        for which in ("1f1b", "zbv"):
+            model = _model(name)
+            parts = hf.layers(model)
+            if which == "1f1b":
+                cuts, here = [parts[:3], parts[3:]], [rank]
+            else:
+                cuts, here = [parts[:2], parts[2:3], parts[3:5], parts[5:]], [rank, 3 - rank]
+            stages = [PipelineStage(Chain(cuts[s]), s, len(cuts), cpu) for s in here]
+            kind = Schedule1F1B if which == "1f1b" else ScheduleZBVZeroBubble
+            loss = hf.TokenMeanLoss(targets)
+            schedule = kind(stages if which == "zbv" else stages[0], M, loss_fn=loss,
+                            scale_grads=False)  # fmt: skip
+            losses: list[torch.Tensor] = []
+            last = len(cuts) - 1 in here
+            schedule.step(*((ids, mask) if 0 in here else ()),
+                          **({"target": targets, "losses": losses} if last else {}))  # fmt: skip
+            grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            out[f"{name} {which}"] = (sum(x.item() for x in losses) if last else None, grads)
+    return out
+
+
+def _tie(model) -> torch.Tensor | None:
+    """The weight `model`'s head shares with its embedding (GPT-2's), or None."""
+    return next(iter(hf.tied(model).values()), None)
+
+
+@pytest.mark.multiprocess
+def test_the_layers_run_under_torchs_own_pipelining_with_hfs_loss_and_gradients():
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ranks = launch(_torch_pipelines, nprocs=2, timeout=600)
+    ids, mask, labels = _batch()
+    for name in ("llama", "gpt2"):
+        model = _model(name)
+        ref = model(input_ids=ids, attention_mask=mask, labels=labels)
+        ref.loss.backward()
+        for which in ("1f1b", "zbv"):
+            found = [rank[f"{name} {which}"] for rank in ranks]
+            assert sum(x for x, _ in found if x is not None) == pytest.approx(ref.loss.item())
+            for n, p in model.named_parameters():
+                parts = [g[n] for _, g in found if n in g]
+                if which == "1f1b" and p is _tie(model):
+                    # the tie split over two ranks: each copy has its own stage's part
+                    # (the doctor's shared-param-across-ranks); together they are HF's
+                    assert len(parts) == 2 and not torch.allclose(parts[0], p.grad, atol=1e-3)
+                    assert torch.allclose(parts[0] + parts[1], p.grad, atol=1e-5)
+                else:
+                    assert len(parts) == 1 and torch.allclose(parts[0], p.grad, atol=1e-5), n

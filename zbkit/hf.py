@@ -3,12 +3,13 @@
 `layers(model)` returns the model's own submodules, wrapped so each is fed the previous
 one's output: the embedding (token ids and HF's 2-D `attention_mask` in), each decoder
 layer, the final norm and the head (logits out). Between layers travel the hidden states and
-the padding mask; each layer builds its causal mask with HF's own mask functions (a
-sliding window where the config has one) and its rotary position embeddings itself, so any
-contiguous run of them is a stage (`planner.profile`, `LocalPipeline`, `ScheduleRunner`,
-torch's `PipelineStage`). No cache is kept. The parameters are the model's: a tied head
-projects with the embedding's own weight; where the embedding and the head are on two ranks,
-`ScheduleRunner(..., tied=tied(model))` keeps their copies one weight.
+the padding mask, as a tuple (torch's pipelining sends tensors and tuples of them); each
+layer builds its causal mask with HF's own mask functions (a sliding window where the config
+has one) and its rotary position embeddings itself, so any contiguous run of them is a stage
+(`planner.profile`, `LocalPipeline`, `ScheduleRunner`, torch's `PipelineStage`). No cache is
+kept. The parameters are the model's: a tied head projects with the embedding's own weight;
+where the embedding and the head are on two ranks, `ScheduleRunner(..., tied=tied(model))`
+keeps their copies one weight.
 
 `TokenMeanLoss(targets)` is HF's loss over the whole batch (the mean over every target
 token that is not ignored) taken one microbatch at a time: each microbatch's token sum
@@ -37,12 +38,12 @@ class _Embed(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> dict[str, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.embed(input_ids)
         if self.positions is not None:  # GPT-2: learned positions
             x = x + self.positions(torch.arange(input_ids.shape[1], device=x.device)[None])
         padding = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        return {"x": x, "padding": padding}
+        return x, padding
 
 
 def _mask(config: Any, x: torch.Tensor, padding: torch.Tensor, pos: torch.Tensor) -> Any:
@@ -60,7 +61,7 @@ class _Decoder(nn.Module):
         super().__init__()
         self.config, self.layer, self.rotary = config, layer, rotary
 
-    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(x.shape[1], device=x.device)[None]
         mask = _mask(self.config, x, padding, pos)
         if self.rotary is None:
@@ -68,7 +69,7 @@ class _Decoder(nn.Module):
         else:
             rope = self.rotary(x, pos)
             out = self.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope)
-        return {"x": out[0] if isinstance(out, tuple) else out, "padding": padding}
+        return (out[0] if isinstance(out, tuple) else out), padding
 
 
 class _Norm(nn.Module):
@@ -76,8 +77,8 @@ class _Norm(nn.Module):
         super().__init__()
         self.norm = norm
 
-    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"x": self.norm(x), "padding": padding}
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.norm(x), padding
 
 
 class _Head(nn.Module):
