@@ -304,7 +304,8 @@ def _extras(profile: Profile, parts: list[range]) -> dict[str, list[int]]:
     """Per kind and stage, the most its actions hold beyond the rule while they run: a
     layer's own bytes beyond it (`LayerProfile.*_extra_bytes`; "W+" and "B+" once the
     gradients exist), less what the layers after it in the stage let go before its turn
-    (a backward walks the stage from its last layer to its first)."""
+    (a backward walks the stage from its last layer to its first). A stage's first W or B
+    also makes the gradients as it goes: counted here, held by the rule from its end."""
     fields = {
         "F": "forward_extra_bytes",
         "I": "input_grad_extra_bytes",
@@ -321,10 +322,13 @@ def _extras(profile: Profile, parts: list[range]) -> dict[str, list[int]]:
             if kind == "F":  # a forward frees nothing on its way
                 per_stage.append(max(getattr(x, name) for x in mine))
                 continue
+            # a stage's first weight pass makes its gradients on the way, layer by layer
+            first = kind in ("W", "B")
             freed, most = 0, 0
             for x in reversed(mine):
-                most = max(most, getattr(x, name) - freed)
-                freed += _let_go(x, kind)
+                made = x.grad_bytes if first else 0
+                most = max(most, getattr(x, name) + made - freed)
+                freed += _let_go(x, kind) - made
             per_stage.append(most)
         out[kind] = per_stage
     return out
@@ -376,7 +380,7 @@ def _held_at_peak(sim: Simulation, per_stage: dict, extra: dict, pp: int) -> lis
     """Per rank, what is held of each part at the rank's compute peak: the memory rule
     replayed with each part's bytes (growth at an action's start and shrinking at its end,
     as `memory_steps` does, but an input pass's change all at its end), a stage's
-    gradients from the start of its first weight pass, what a backward sent from its end
+    gradients from the end of its first weight pass, what a backward sent from its end
     to the step's, and while an action runs, its own bytes beyond the rule (`extra`, by
     kind and stage; "W+" and "B+" once its gradients exist)."""
     changes: list[list[tuple[float, int, dict[str, int], int]]] = [[] for _ in range(pp)]
@@ -392,9 +396,10 @@ def _held_at_peak(sim: Simulation, per_stage: dict, extra: dict, pp: int) -> lis
         if kind.does_weight and not later:
             weighted.add(e.stage)
             delta["gradients"] = per_stage["gradients"][e.stage]
-        # a forward's and a weight pass's new bytes are held from its start; an input pass
-        # turns what F saved into what W needs, at its end (its own bytes are its extra)
-        grow = {k: v for k, v in delta.items() if v > 0 and (kind.act >= 0 or k == "gradients")}
+        # a forward's new bytes are held from its start; an input pass turns what F saved
+        # into what W needs, at its end; the first weight pass's gradients are held from its
+        # end (made on the way: its extra)
+        grow = {k: v for k, v in delta.items() if v > 0 and k != "gradients" and kind.act >= 0}
         after = {k: v for k, v in delta.items() if k not in grow and v}
         # what was sent stays once the action that lets its activations go has run (stage
         # 0 keeps them until W: `_ranks`)
