@@ -193,3 +193,20 @@ def test_the_printed_table_has_a_heading_for_each_number(measured):
         assert cells[1] == f"{rank.peak_bytes / 2**20:.3f}"
         assert cells[8] == f"{rank.sent / 2**20:.3f}"
         assert cells[9] == f"{rank.transient / 2**20:.3f}"
+
+
+def test_crowding_slows_an_action_by_the_ranks_computing_beside_it():
+    # ranks sharing a host's cores: an action runs max(1, crowding * k / p) slower, k the
+    # ranks computing meanwhile. GPipe with one microbatch never computes on two ranks at
+    # once: nothing slows. With eight, the ranks overlap: slower, but never by more than
+    # crowding (every rank computing all the time)
+    prof = _synthetic([3.0, 3.0])
+    crowded = planner.Wire(0.0, 0.0, 0.0, crowding=2.0)
+    alone = planner.Wire(0.0, 0.0, 0.0)
+    one = [planner.predict(prof, "gpipe", pp=2, microbatches=1, wire=w) for w in (alone, crowded)]
+    assert one[1].step_seconds == pytest.approx(one[0].step_seconds)
+    many = [planner.predict(prof, "gpipe", pp=2, microbatches=8, wire=w) for w in (alone, crowded)]
+    assert many[0].step_seconds < many[1].step_seconds < 2.0 * many[0].step_seconds
+    # the steady state's F on stage 1 runs beside stage 0's next F: nearly twice as long
+    assert 1.5 < many[1].costs[1].F / many[0].costs[1].F <= 2.0
+    assert many[1].costs[0].F >= many[0].costs[0].F  # its first F ran alone

@@ -1,8 +1,9 @@
 """`measure(layers, batch, schedule, pp=, microbatches=)`: the plan run for real, per rank.
 
 Each rank is a fresh process (`zbkit.launch`: gloo on CPU, NCCL on GPUs) holding its stages'
-layers in a `PipelineStage`, stepped by `ScheduleRunner` with the optimizer named. After one
-warm-up step (the optimizer's state exists from then on), one step is watched by torch's own
+layers in a `PipelineStage`, stepped by `ScheduleRunner` with the optimizer named. After
+`warmup` steps (the optimizer's state exists from the first on; a host's allocator takes a
+few more to settle, each one faster than the last), one step is watched by torch's own
 allocator and `steps` more are timed: on CUDA `max_memory_allocated` after
 `reset_peak_memory_stats`; on the CPU the allocation and free events `torch.profiler`
 records (`allocator.watch`), on top of what was live when the step began: the parameters,
@@ -23,8 +24,10 @@ import torch.distributed as dist
 from torch import nn
 
 from zbkit.launch import launch
+from zbkit.parallel.process_group import group_device
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.planner.allocator import watch
+from zbkit.planner.predict import stage_ranges
 from zbkit.planner.profile import OPTIMIZERS, feed, tensor_bytes
 from zbkit.schedules import Schedule, build_schedule
 
@@ -78,6 +81,7 @@ def measure(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     optimizer: str = "adam",
     steps: int = 3,
+    warmup: int = 3,
     backend: str = "gloo",
     timeout: float = 600.0,
 ) -> Measured:
@@ -94,8 +98,9 @@ def measure(
         raise ValueError(
             f"measure: unknown optimizer {optimizer!r}: one of {', '.join(OPTIMIZERS)}"
         )
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"measure: steps must be an int >= 1, got {steps!r}")
+    for what, value in (("steps", steps), ("warmup", warmup)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"measure: {what} must be an int >= 1, got {value!r}")
     built = (
         schedule
         if isinstance(schedule, Schedule)
@@ -107,38 +112,33 @@ def measure(
             f"not pp={pp}, microbatches={microbatches}"
         )
     parts = _parts(len(mods), built.num_stages, stages)
-    found = launch(_rank, mods, batch, built, parts, loss_fn, optimizer, steps,
+    found = launch(_rank, mods, batch, built, parts, loss_fn, optimizer, steps, warmup,
                    nprocs=pp, backend=backend, timeout=timeout)  # fmt: skip
     ranks = [RankMeasured(*r[:4]) for r in found]
     return Measured(built.name, parts, ranks, found[0][4], built)
 
 
 def _parts(n: int, count: int, stages) -> list[range]:
-    if stages is None:
-        if count > n:
-            raise ValueError(f"measure: {count} stages but {n} layers")
-        size, extra = divmod(n, count)
-        edges = [0]
-        for s in range(count):
-            edges.append(edges[-1] + size + (s < extra))
-        return [range(a, b) for a, b in zip(edges, edges[1:], strict=False)]
-    parts = [range(min(p), max(p) + 1) for p in stages]
-    if [i for p in parts for i in p] != list(range(n)) or len(parts) != count:
-        raise ValueError(
-            f"measure: stages must cover the {n} layers once each, in order, in {count} stages"
-        )
-    return parts
+    if stages is not None:
+        return stage_ranges(n, stages, count, "measure")
+    if count > n:
+        raise ValueError(f"measure: {count} stages but {n} layers")
+    size, extra = divmod(n, count)
+    edges = [0]
+    for s in range(count):
+        edges.append(edges[-1] + size + (s < extra))
+    return [range(a, b) for a, b in zip(edges, edges[1:], strict=False)]
 
 
-def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
-    """One rank's share: its stages, the runner, a warm-up step, a watched step, timed steps.
+def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps, warmup):
+    """One rank's share: its stages, the runner, warm-up steps, a watched step, timed steps.
 
     What is live when the watched step begins is every byte this rank holds: on CUDA the
     allocator's count; on the CPU the parameters (made before this function ran) and what
     the setup and the warm-up left allocated (the optimizer's state, the runtime's receive
     buffers), as the allocator's events under `watch` say."""
     rank = dist.get_rank()
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = group_device()
     mine = [s for s, r in enumerate(schedule.stage_to_rank) if r == rank]
     params: list[torch.Tensor] = []
     made: dict[str, Any] = {}
@@ -152,7 +152,8 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps):
         made["runner"] = ScheduleRunner(schedule, stages, loss_fn)
         made["opt"] = OPTIMIZERS[optimizer](params)
         made["step"] = _stepper(made["runner"], made["opt"], batch, device)
-        made["step"]()  # warm-up: the optimizer's state, the analyses and the shapes
+        for _ in range(warmup):  # the optimizer's state, the analyses, the shapes, the pages
+            made["step"]()
 
     step: Callable[[], None]
     dist.barrier()

@@ -22,8 +22,9 @@ transient bytes above the state.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from zbkit.planner.profile import Profile
@@ -125,22 +126,23 @@ def predict(
     by F + I + W, `balanced`). `hop`: seconds a transfer between ranks adds to a wait;
     `overhead`: the runtime's own seconds per action (both measured, e.g. from a run's
     trace with `zbkit.schedules.measure`). `wire`: both as `planner.wire()` measured them,
-    a stage's hop then by the bytes it receives or sends, and every compute time
-    scaled by its `crowding` (ranks sharing a host slow each other down)."""
+    a stage's hop then by the bytes it receives or sends, and the compute slowed by its
+    `crowding` where ranks compute at once (`_crowded`: ranks sharing a host's cores)."""
     if not isinstance(profile, Profile):
         raise TypeError(f"predict takes a planner.Profile, got {type(profile).__name__}")
     for what, value in (("hop", hop), ("overhead", overhead)):
         if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
             raise ValueError(f"predict: {what} must be seconds >= 0, got {value!r}")
     count = _stage_count(schedule, pp, options)
-    parts = _check_stages(profile, stages, count) if stages is not None else None
+    parts = stage_ranges(len(profile), stages, count, "predict") if stages is not None else None
     parts = parts or balanced(profile, count)
     if wire is not None and (hop or overhead):
         raise ValueError("predict: give hop and overhead, or a measured wire, not both")
     costs = [_stage_costs(profile, layers, hop, overhead, wire) for layers in parts]
     built = _built(schedule, pp, microbatches, costs, options)
-    sim = simulate(built, costs)
-    ranks = _ranks(profile, built, parts, sim, wire.crowding if wire is not None else 1.0)
+    crowding = wire.crowding if wire is not None else 1.0
+    costs, sim = _crowded(built, costs, crowding)
+    ranks = _ranks(profile, built, parts, sim, crowding)
     return Prediction(built, parts, costs, sim, ranks, max(r.seconds for r in ranks), profile)
 
 
@@ -159,21 +161,23 @@ def _stage_count(schedule: str | Schedule, pp: int, options: dict) -> int:
     return len(record(schedule).stage_to_rank(pp, **options))
 
 
-def _check_stages(profile: Profile, stages, count: int) -> list[range]:
+def stage_ranges(n: int, stages, count: int, who: str) -> list[range]:
+    """`stages` (each a run of layer indices) as ranges, checked: each contiguous, together
+    the `n` layers once each in order, `count` of them. `who` starts each error."""
     parts = []
     for i, layers in enumerate(stages):
         found = list(layers)
         if not found or found != list(range(found[0], found[0] + len(found))):
-            raise ValueError(f"predict: stage {i}'s layers {found} are not a contiguous run")
+            raise ValueError(f"{who}: stage {i}'s layers {found} are not a contiguous run")
         parts.append(range(found[0], found[-1] + 1))
     flat = [i for part in parts for i in part]
-    if flat != list(range(len(profile))):
+    if flat != list(range(n)):
         raise ValueError(
-            f"predict: stages {[_span(p) for p in parts]} do not cover the {len(profile)} "
-            f"layers 0-{len(profile) - 1} once each, in order"
+            f"{who}: stages {[_span(p) for p in parts]} do not cover the {n} layers "
+            f"0-{n - 1} once each, in order"
         )
     if len(parts) != count:
-        raise ValueError(f"predict: {len(parts)} stages given, the schedule has {count}")
+        raise ValueError(f"{who}: {len(parts)} stages given, the schedule has {count}")
     return parts
 
 
@@ -219,11 +223,9 @@ def _stage_costs(
     saved is held until W."""
     mine = [profile.layers[i] for i in layers]
     received = profile.layers[layers.start - 1].output_bytes if layers.start > 0 else 0
-    crowding = 1.0
     if wire is not None:  # what it waits for: activations in, or its outputs' gradients
         hop, overhead = wire.hop(max(received, mine[-1].output_bytes)), wire.overhead
-        crowding = wire.crowding
-    f, i, w = (crowding * sum(getattr(x, k).median for x in mine) for k in _COMPUTE)
+    f, i, w = (sum(getattr(x, k).median for x in mine) for k in _COMPUTE)
     activations = float(sum(x.activation_bytes for x in mine))
     weight_state = float(sum(x.weight_state_bytes for x in mine))
     if layers.start == 0:
@@ -233,6 +235,45 @@ def _stage_costs(
 
 
 _COMPUTE = ("forward", "input_grad", "weight_grad")
+
+
+def _crowded(built: Schedule, costs: list[Costs], crowding: float, rounds: int = 3):
+    """The stages' costs as ranks sharing a host run them, and their simulation.
+
+    `crowding` is the slowdown with every rank computing at once (`Wire.crowding`); with k
+    of the p ranks computing, an action runs `max(1, crowding * k / p)` times slower (the
+    cores shared out). Each round simulates, reads how many ranks compute during each
+    action on average, and slows each stage's F, I and W by its actions' mean."""
+    sim = simulate(built, costs)
+    if crowding <= 1.0:
+        return costs, sim
+    scaled = costs
+    for _ in range(rounds):
+        slow = _slowdowns(sim, crowding, built.pp)
+        scaled = []
+        for s, c in enumerate(costs):
+            f, i, w = (slow.get((s, k), slow.get((s, "B"), 1.0)) for k in "FIW")
+            scaled.append(replace(c, F=c.F * f, I=c.I * i, W=c.W * w))
+        sim = simulate(built, scaled)
+    return scaled, sim
+
+
+def _slowdowns(sim: Simulation, crowding: float, pp: int) -> dict[tuple[int, str], float]:
+    """Per (stage, kind): the mean over its actions of `max(1, crowding * k / pp)`, k the
+    ranks computing during the action (time-averaged, itself included)."""
+    edges = sorted({t for e in sim.events for t in (e.start, e.end)})
+    busy = [0] * len(edges)  # ranks computing from edges[i] to edges[i + 1]
+    for e in sim.events:
+        for i in range(bisect_left(edges, e.start), bisect_left(edges, e.end)):
+            busy[i] += 1
+    found: dict[tuple[int, str], list[float]] = {}
+    for e in sim.events:
+        if e.end <= e.start:
+            continue
+        lo, hi = bisect_left(edges, e.start), bisect_left(edges, e.end)
+        k = sum(busy[i] * (edges[i + 1] - edges[i]) for i in range(lo, hi)) / (e.end - e.start)
+        found.setdefault((e.stage, e.kind), []).append(max(1.0, crowding * k / pp))
+    return {key: sum(v) / len(v) for key, v in found.items()}
 
 
 def _built(schedule, pp: int, m: int, costs: list[Costs], options: dict) -> Schedule:

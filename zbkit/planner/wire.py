@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zbkit.launch import launch
+from zbkit.parallel.process_group import group_device
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.schedules import build_schedule
 from zbkit.schedules.measure import hop_latency
@@ -83,7 +84,7 @@ def wire(
 
 def _rank(sizes: tuple[int, int], m: int) -> tuple[list[float], float, float]:
     rank, pp = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = group_device()
     schedule = build_schedule("1f1b", pp=pp, microbatches=m)
     hops, overheads = [], []
     for nbytes in sizes:
