@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -210,3 +211,16 @@ def test_crowding_slows_an_action_by_the_ranks_computing_beside_it():
     # the steady state's F on stage 1 runs beside stage 0's next F: nearly twice as long
     assert 1.5 < many[1].costs[1].F / many[0].costs[1].F <= 2.0
     assert many[1].costs[0].F >= many[0].costs[0].F  # its first F ran alone
+
+
+def test_timing_picks_the_profiles_medians_or_its_fastest():
+    base = _synthetic([3.0, 3.0])
+    fast = Timing(0.5, 0.25, 2.0)  # median, fastest, slowest
+    layers = tuple(replace(x, forward=fast, input_grad=fast, weight_grad=fast) for x in base.layers)
+    prof = replace(base, layers=layers)
+    for timing, seconds in (("median", 0.5), ("fastest", 0.25)):
+        pred = planner.predict(prof, "1f1b", pp=2, microbatches=2, timing=timing)
+        assert pred.costs[1].F == seconds and pred.costs[1].I == seconds
+        assert pred.costs[0].W == 2 * seconds  # stage 0: its whole backward at W
+    with pytest.raises(ValueError, match="timing is 'median' or 'fastest', got 'mean'"):
+        planner.predict(prof, "1f1b", pp=2, microbatches=2, timing="mean")

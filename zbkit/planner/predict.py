@@ -117,6 +117,7 @@ def predict(
     hop: float = 0.0,
     overhead: float = 0.0,
     wire: Wire | None = None,
+    timing: str = "median",
     **options,
 ) -> Prediction:
     """Predict `schedule` (a name of `zbkit.schedules.SCHEDULES`, with its `options`, or a
@@ -127,22 +128,26 @@ def predict(
     `overhead`: the runtime's own seconds per action (both measured, e.g. from a run's
     trace with `zbkit.schedules.measure`). `wire`: both as `planner.wire()` measured them,
     a stage's hop then by the bytes it receives or sends, and the compute slowed by its
-    `crowding` where ranks compute at once (`_crowded`: ranks sharing a host's cores)."""
+    `crowding` where ranks compute at once (`_crowded`: ranks sharing a host's cores).
+    `timing`: which of the profile's seconds to use, "median" or "fastest" (on a noisy host
+    the fastest of each, against a run's fastest step, compares what the work costs)."""
     if not isinstance(profile, Profile):
         raise TypeError(f"predict takes a planner.Profile, got {type(profile).__name__}")
     for what, value in (("hop", hop), ("overhead", overhead)):
         if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
             raise ValueError(f"predict: {what} must be seconds >= 0, got {value!r}")
+    if timing not in ("median", "fastest"):
+        raise ValueError(f"predict: timing is 'median' or 'fastest', got {timing!r}")
     count = _stage_count(schedule, pp, options)
     parts = stage_ranges(len(profile), stages, count, "predict") if stages is not None else None
     parts = parts or balanced(profile, count)
     if wire is not None and (hop or overhead):
         raise ValueError("predict: give hop and overhead, or a measured wire, not both")
-    costs = [_stage_costs(profile, layers, hop, overhead, wire) for layers in parts]
+    costs = [_stage_costs(profile, layers, hop, overhead, wire, timing) for layers in parts]
     built = _built(schedule, pp, microbatches, costs, options)
     crowding = wire.crowding if wire is not None else 1.0
     costs, sim = _crowded(built, costs, crowding)
-    ranks = _ranks(profile, built, parts, sim, crowding)
+    ranks = _ranks(profile, built, parts, sim, crowding, timing)
     return Prediction(built, parts, costs, sim, ranks, max(r.seconds for r in ranks), profile)
 
 
@@ -216,7 +221,7 @@ def _work(layer) -> float:
 
 
 def _stage_costs(
-    profile: Profile, layers: range, hop: float, overhead: float, wire: Wire | None
+    profile: Profile, layers: range, hop: float, overhead: float, wire: Wire | None, timing: str
 ) -> Costs:
     """One stage's `Costs`. Stage 0 has no input gradient, so the runtime runs its whole
     backward at W: its I is the runtime's own cost alone, its W both halves, and what F
@@ -225,7 +230,7 @@ def _stage_costs(
     received = profile.layers[layers.start - 1].output_bytes if layers.start > 0 else 0
     if wire is not None:  # what it waits for: activations in, or its outputs' gradients
         hop, overhead = wire.hop(max(received, mine[-1].output_bytes)), wire.overhead
-    f, i, w = (sum(getattr(x, k).median for x in mine) for k in _COMPUTE)
+    f, i, w = (sum(getattr(getattr(x, k), timing) for x in mine) for k in _COMPUTE)
     activations = float(sum(x.activation_bytes for x in mine))
     weight_state = float(sum(x.weight_state_bytes for x in mine))
     if layers.start == 0:
@@ -295,7 +300,12 @@ def _built(schedule, pp: int, m: int, costs: list[Costs], options: dict) -> Sche
 
 
 def _ranks(
-    profile: Profile, schedule: Schedule, parts: list[range], sim: Simulation, crowding: float
+    profile: Profile,
+    schedule: Schedule,
+    parts: list[range],
+    sim: Simulation,
+    crowding: float,
+    timing: str,
 ):
     where = schedule.stage_to_rank
     layers = profile.layers
@@ -316,7 +326,7 @@ def _ranks(
     per_stage["weight_state"][0] = per_stage["activations"][0]
     extra |= {"I": [0, *extra["I"][1:]], "W": [extra["B"][0], *extra["W"][1:]],
               "W+": [extra["B+"][0], *extra["W+"][1:]]}  # fmt: skip
-    step_seconds = [crowding * sum(layers[i].step.median for i in p) for p in parts]
+    step_seconds = [crowding * sum(getattr(layers[i].step, timing) for i in p) for p in parts]
     _count_shared_once(profile, parts, where, per_stage)
     held = _held_at_peak(sim, per_stage, extra, schedule.pp)
     out = []
