@@ -162,11 +162,15 @@ def test_04_planner_says_what_the_measured_peaks_showed():
     assert f"{within} of the {len(rows)} ranks within 5%" in text
     firsts = sorted(r[2] for (_, rank), r in rows.items() if rank == 0)
     assert all(abs(x - 1) <= 0.01 for x in firsts) and "Every rank 0 is predicted within 1%" in text
-    assert f"(ratios {firsts[0]:.3f} to {firsts[-1]:.3f})" in text
+    said = f"(ratio {firsts[0]:.3f} on each)" if firsts[0] == firsts[-1] else (
+        f"(ratios {firsts[0]:.3f} to {firsts[-1]:.3f})")  # fmt: skip
+    assert said in text
+    every = sorted(r[2] for r in rows.values())
+    assert f"({every[0]:.3f} to {every[-1]:.3f})" in text
+    # compare's words: one note per rank off by more than 5%, and the text says how many
     short = re.findall(r"^(\S+), rank (\d): predicted (\d+)% less than measured", printed, re.M)
-    assert len(short) == len(rows) - within == 2 and "Two ranks are predicted short" in text
-    names = {"1f1b": "1F1B's", "zb-v": "the V's"}
-    for name, rank, percent in short:
-        assert f"{names[name]} rank {rank} by {percent}%" in text, (name, rank, percent)
+    assert len(short) == len(rows) - within
+    if not short:
+        assert "here it has nothing to say about bytes" in text
     found = re.search(r"measured on rank 0: .*, ([\d.]+x)$", printed, flags=re.M)
     assert found and f"peaks at {found.group(1)} ZB-H1's" in text
