@@ -5,7 +5,7 @@ tuple or a dict), its input received detached, its backward split by zbkit's own
 `stage_backward_input` / `stage_backward_weight`. Per layer:
 
 - times: the median of `repeats` runs of F, I and W after one untimed run, and their
-  spread (fastest, slowest);
+  spread (fastest, slowest), the layers taking turns as in a pipeline (round by round);
 - bytes, read from torch's own allocator (`allocator.watch`): what F leaves held until I (the
   saved activations and the output, which a runtime keeps for the backward), what I leaves
   held until W, and the weight gradients W makes;
@@ -155,11 +155,13 @@ def profile(
     _check_device("the sample", inputs, device)
     feeds = _feeds(mods, inputs)
     dtype = _dtype(mods)
+    losses: list[Callable[[Any], torch.Tensor] | None] = [None] * len(mods)
+    if loss_fn is not None:
+        losses[-1] = lambda out: loss_fn(out, target)
+    times = _timings(mods, feeds, losses, repeats, device)
     measured = []
     for i, (mod, x) in enumerate(zip(mods, feeds, strict=True)):
-        last = i == len(mods) - 1
-        loss = (lambda out: loss_fn(out, target)) if last and loss_fn is not None else None
-        found = _layer(i, mod, x, i > 0, loss, make_optimizer, repeats, device)
+        found = _layer(i, mod, x, i > 0, losses[i], make_optimizer, repeats, device, times[i])
         shared = _shared(mods, i, make_optimizer, device)
         measured.append(replace(found, shared=shared) if shared else found)
     return Profile(tuple(measured), str(device), str(dtype).removeprefix("torch."),
@@ -297,16 +299,35 @@ def _sync(device: torch.device) -> None:
 # ---- one layer ----------------------------------------------------------------------------
 
 
-def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device) -> LayerProfile:
+def _timings(mods, feeds, losses, repeats: int, device) -> list[list[tuple[float, float, float]]]:
+    """Each layer's F, I and W seconds: `repeats` rounds over all the layers in turn, after
+    one untimed round (the split backward's analysis is made on the first). Round by round,
+    as a pipeline runs the other layers between two runs of one: a layer timed on its own
+    again and again finds its weights still in the cache, and the run does not."""
+    params = [[p for p in mod.parameters() if p.requires_grad] for mod in mods]
+    held = [[p.grad for p in ps] for ps in params]  # put back: profiling leaves no gradients
+    times: list[list[tuple[float, float, float]]] = [[] for _ in mods]
+    try:
+        for round_ in range(repeats + 1):
+            for i, (mod, given) in enumerate(zip(mods, feeds, strict=True)):
+                for p in params[i]:
+                    p.grad = None
+                spans = _timed_step(mod, _received(given, i > 0), params[i], losses[i], device)
+                if round_:
+                    times[i].append(spans)
+    finally:
+        for ps, gs in zip(params, held, strict=True):
+            for p, g in zip(ps, gs, strict=True):
+                p.grad = g
+    return times
+
+
+def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device, times) -> LayerProfile:
     params = [p for p in mod.parameters() if p.requires_grad]
     held = [p.grad for p in params]  # put back afterwards: profiling leaves no gradients
     for p in params:
         p.grad = None
     try:
-        # one step first, untimed: the split backward's analysis is made on the first
-        _timed_step(mod, _received(given, grads), params, loss, device)
-        times = [_timed_step(mod, _received(given, grads), params, loss, device)
-                 for _ in range(repeats)]  # fmt: skip
         watched = _watched_step(mod, _received(given, grads), params, loss, device)
         later = _accumulating(mod, lambda: _received(given, grads), params, loss, device)
     finally:
