@@ -80,6 +80,10 @@ def test_compare_puts_the_prediction_beside_the_run_and_says_where_they_differ()
     both = planner.compare(pred, got)
     ratios = [p.peak_bytes / m.peak_bytes for p, m in zip(pred.ranks, got.ranks, strict=True)]
     assert both.peak_ratios == ratios
+    # the allocator is the oracle: within 10% on this tiny model, whose messages ride behind
+    # 16-byte headers in copies the prediction leaves out (benchmarks/plan_accuracy.py holds
+    # a model of real size to 5%)
+    assert all(0.9 <= x <= 1.1 for x in ratios), ratios
     text = str(both)
     for r, rank in enumerate(got.ranks):
         assert f"{rank.peak_bytes / 2**20:.2f}" in text.splitlines()[2 + r]
