@@ -42,7 +42,7 @@ if [ "$gpus" -ge 2 ]; then
     "$(dirname "$PY")/zbkit" demo --backend nccl --ranks "$ranks" --out "$LOGS/report"
   SUMMARY="zbkit/torch|ok|MISSED" LINES=3 summary "pipeline_vs_torch --backend nccl" "$LOGS/bench.log" \
     $PY benchmarks/pipeline_vs_torch.py --backend nccl --rounds 20
-  SUMMARY="peak bytes" LINES=14 summary "plan_accuracy --device cuda" "$LOGS/plan.log" \
+  SUMMARY="peak bytes|within|same order" LINES=18 summary "plan_accuracy --device cuda" "$LOGS/plan.log" \
     $PY benchmarks/plan_accuracy.py --device cuda
 else
   echo "demo and runtime benchmark on nccl: not run (they need 2 GPUs, found $gpus)"
