@@ -147,7 +147,7 @@ def predict(
     built = _built(schedule, pp, microbatches, costs, options)
     crowding = wire.crowding if wire is not None else 1.0
     costs, sim = _crowded(built, costs, crowding)
-    ranks = _ranks(profile, built, parts, sim, crowding, timing)
+    ranks = _ranks(profile, built, parts, costs, sim, crowding, timing)
     return Prediction(built, parts, costs, sim, ranks, max(r.seconds for r in ranks), profile)
 
 
@@ -303,6 +303,7 @@ def _ranks(
     profile: Profile,
     schedule: Schedule,
     parts: list[range],
+    costs: list[Costs],
     sim: Simulation,
     crowding: float,
     timing: str,
@@ -316,14 +317,14 @@ def _ranks(
         # the step's transient bytes are the largest layer's, not their sum (measured: Adam
         # over an embedding and a block allocates what it does over the embedding alone)
         "step_bytes": [max(layers[i].step_bytes for i in p) for p in parts],
-        "activations": [sum(layers[i].activation_bytes for i in p) for p in parts],
-        "weight_state": [sum(layers[i].weight_state_bytes for i in p) for p in parts],
+        # as the simulator holds them (`_stage_costs`: stage 0's F bytes held until W)
+        "activations": [int(c.mem_activation) for c in costs],
+        "weight_state": [int(c.mem_weight) for c in costs],
         **_wire_bytes(profile, schedule, parts),
     }
     extra = _extras(profile, parts)
-    # stage 0 has no input gradient: the runtime runs its whole backward at W, so what its
-    # F saved is held until W, and its W goes as far as a full backward
-    per_stage["weight_state"][0] = per_stage["activations"][0]
+    # stage 0 has no input gradient: the runtime runs its whole backward at W, which goes
+    # as far as a full backward
     extra |= {"I": [0, *extra["I"][1:]], "W": [extra["B"][0], *extra["W"][1:]],
               "W+": [extra["B+"][0], *extra["W+"][1:]]}  # fmt: skip
     step_seconds = [crowding * sum(getattr(layers[i].step, timing) for i in p) for p in parts]

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from os import PathLike
 from typing import Any
@@ -305,9 +306,8 @@ def _timings(mods, feeds, losses, repeats: int, device) -> list[list[tuple[float
     as a pipeline runs the other layers between two runs of one: a layer timed on its own
     again and again finds its weights still in the cache, and the run does not."""
     params = [[p for p in mod.parameters() if p.requires_grad] for mod in mods]
-    held = [[p.grad for p in ps] for ps in params]  # put back: profiling leaves no gradients
     times: list[list[tuple[float, float, float]]] = [[] for _ in mods]
-    try:
+    with _grads_put_back([p for ps in params for p in ps]):
         for round_ in range(repeats + 1):
             for i, (mod, given) in enumerate(zip(mods, feeds, strict=True)):
                 for p in params[i]:
@@ -315,24 +315,28 @@ def _timings(mods, feeds, losses, repeats: int, device) -> list[list[tuple[float
                 spans = _timed_step(mod, _received(given, i > 0), params[i], losses[i], device)
                 if round_:
                     times[i].append(spans)
-    finally:
-        for ps, gs in zip(params, held, strict=True):
-            for p, g in zip(ps, gs, strict=True):
-                p.grad = g
     return times
+
+
+@contextmanager
+def _grads_put_back(params: list[torch.Tensor]) -> Iterator[None]:
+    """Inside, `params` start with no gradient; after, each has the one it had before:
+    profiling leaves no gradients."""
+    held = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in zip(params, held, strict=True):
+            p.grad = g
 
 
 def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device, times) -> LayerProfile:
     params = [p for p in mod.parameters() if p.requires_grad]
-    held = [p.grad for p in params]  # put back afterwards: profiling leaves no gradients
-    for p in params:
-        p.grad = None
-    try:
+    with _grads_put_back(params):
         watched = _watched_step(mod, _received(given, grads), params, loss, device)
         later = _accumulating(mod, lambda: _received(given, grads), params, loss, device)
-    finally:
-        for p, g in zip(params, held, strict=True):
-            p.grad = g
     with torch.no_grad():
         out = feed(mod, _received(given, False))
     state, step, step_bytes = _optimizer_step(params, make_optimizer, repeats, device)
