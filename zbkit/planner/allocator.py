@@ -9,14 +9,16 @@ bytes live at the end of each mark: the oracle the planner's byte counts are hel
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from itertools import accumulate
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["Watched", "watch"]
+__all__ = ["Watched", "settle", "watch"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,31 @@ def _on(extra, device: torch.device) -> bool:
     """Whether an allocation event is on `device` (CPU: the host allocator)."""
     kind = str(getattr(extra, "device_type", "")).lower()
     return ("cuda" in kind) == (device.type == "cuda")
+
+
+def settle(device: torch.device) -> None:
+    """Keep a CPU process's freed memory for reuse, as torch's CUDA allocator does, so that
+    its times are a long run's and the same from run to run.
+
+    glibc hands large freed chunks back to the system and serves the next large allocation
+    from fresh pages, each faulted in when first written; when it does depends on what the
+    process freed before. Measured on the benchmark's model: the LM head's input pass took
+    13 ms or 19 ms by that alone, in one process and the next. Fixing glibc's thresholds
+    (`mallopt`: nothing trimmed, chunks up to 32 MiB from the heap) makes it 13 ms every
+    time. Process-wide and kept: a process that profiled holds its peak's pages until it
+    exits. Nothing is done on CUDA, or where the C library is not glibc."""
+    if device.type != "cpu":
+        return
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
+        return
+    mallopt(_M_TRIM_THRESHOLD, -1)  # -1: never trim the heap's top
+    mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's ceiling for it
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+@cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)

@@ -26,7 +26,7 @@ from torch import nn
 from zbkit.launch import launch
 from zbkit.parallel.process_group import group_device
 from zbkit.pipeline import PipelineStage, ScheduleRunner
-from zbkit.planner.allocator import watch
+from zbkit.planner.allocator import settle, watch
 from zbkit.planner.predict import stage_ranges
 from zbkit.planner.profile import OPTIMIZERS, feed, tensor_bytes
 from zbkit.schedules import Schedule, build_schedule
@@ -144,6 +144,7 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps, warmup):
     made: dict[str, Any] = {}
 
     def setup() -> None:
+        settle(device)  # as the profile's: the allocator as a long run's
         stages = [
             PipelineStage(Chain([mods[i] for i in parts[s]]).to(device), s, schedule.num_stages)
             for s in mine

@@ -23,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from os import PathLike
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from zbkit.planner.allocator import watch
+from zbkit.planner.allocator import settle, watch
 from zbkit.splitgrad import stage_backward_full, stage_backward_input, stage_backward_weight
 
 __all__ = ["OPTIMIZERS", "LayerProfile", "Profile", "Timing", "profile"]
@@ -159,12 +159,21 @@ def profile(
     losses: list[Callable[[Any], torch.Tensor] | None] = [None] * len(mods)
     if loss_fn is not None:
         losses[-1] = lambda out: loss_fn(out, target)
+    settle(device)  # a fresh process's allocator as a long run's (`allocator.settle`)
+    held = [_layer_bytes(mod, x, i > 0, losses[i], make_optimizer, repeats, device)
+            for i, (mod, x) in enumerate(zip(mods, feeds, strict=True))]  # fmt: skip
     times = _timings(mods, feeds, losses, repeats, device)
     measured = []
-    for i, (mod, x) in enumerate(zip(mods, feeds, strict=True)):
-        found = _layer(i, mod, x, i > 0, losses[i], make_optimizer, repeats, device, times[i])
-        shared = _shared(mods, i, make_optimizer, device)
-        measured.append(replace(found, shared=shared) if shared else found)
+    for i, (mod, found, spans) in enumerate(zip(mods, held, times, strict=True)):
+        layer = LayerProfile(
+            name=f"{i}: {type(mod).__name__}",
+            forward=Timing.of([t[0] for t in spans]),
+            input_grad=Timing.of([t[1] for t in spans]),
+            weight_grad=Timing.of([t[2] for t in spans]),
+            shared=_shared(mods, i, make_optimizer, device),
+            **found,
+        )
+        measured.append(layer)
     return Profile(tuple(measured), str(device), str(dtype).removeprefix("torch."),
                    _describe(inputs), optimizer_name, repeats)  # fmt: skip
 
@@ -308,12 +317,12 @@ def _timings(mods, feeds, losses, repeats: int, device) -> list[list[tuple[float
     params = [[p for p in mod.parameters() if p.requires_grad] for mod in mods]
     times: list[list[tuple[float, float, float]]] = [[] for _ in mods]
     with _grads_put_back([p for ps in params for p in ps]):
-        for round_ in range(repeats + 1):
+        for round_ in range(-1, repeats):  # one untimed round first
             for i, (mod, given) in enumerate(zip(mods, feeds, strict=True)):
                 for p in params[i]:
                     p.grad = None
                 spans = _timed_step(mod, _received(given, i > 0), params[i], losses[i], device)
-                if round_:
+                if round_ >= 0:
                     times[i].append(spans)
     return times
 
@@ -332,7 +341,8 @@ def _grads_put_back(params: list[torch.Tensor]) -> Iterator[None]:
             p.grad = g
 
 
-def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device, times) -> LayerProfile:
+def _layer_bytes(mod, given, grads, loss, make_optimizer, repeats, device) -> dict[str, Any]:
+    """One layer's bytes and its optimizer's step (`LayerProfile`'s fields but the times)."""
     params = [p for p in mod.parameters() if p.requires_grad]
     with _grads_put_back(params):
         watched = _watched_step(mod, _received(given, grads), params, loss, device)
@@ -340,27 +350,23 @@ def _layer(i, mod, given, grads, loss, make_optimizer, repeats, device, times) -
     with torch.no_grad():
         out = feed(mod, _received(given, False))
     state, step, step_bytes = _optimizer_step(params, make_optimizer, repeats, device)
-    return LayerProfile(
-        name=f"{i}: {type(mod).__name__}",
-        forward=Timing.of([t[0] for t in times]),
-        input_grad=Timing.of([t[1] for t in times]),
-        weight_grad=Timing.of([t[2] for t in times]),
-        activation_bytes=watched[0],
-        weight_state_bytes=watched[1],
-        forward_extra_bytes=watched[3],
-        input_grad_extra_bytes=watched[4],
-        weight_grad_extra_bytes=watched[5],
-        param_bytes=tensor_bytes(params),
-        grad_bytes=watched[2],
-        optimizer_bytes=state,
-        step=step,
-        step_bytes=step_bytes,
-        output_bytes=tensor_bytes(_tensors(out)),
-        params=sum(p.numel() for p in params),
-        backward_extra_bytes=later[0],
-        weight_grad_accumulate_extra_bytes=later[1],
-        backward_accumulate_extra_bytes=later[2],
-    )
+    return {
+        "activation_bytes": watched[0],
+        "weight_state_bytes": watched[1],
+        "forward_extra_bytes": watched[3],
+        "input_grad_extra_bytes": watched[4],
+        "weight_grad_extra_bytes": watched[5],
+        "param_bytes": tensor_bytes(params),
+        "grad_bytes": watched[2],
+        "optimizer_bytes": state,
+        "step": step,
+        "step_bytes": step_bytes,
+        "output_bytes": tensor_bytes(_tensors(out)),
+        "params": sum(p.numel() for p in params),
+        "backward_extra_bytes": later[0],
+        "weight_grad_accumulate_extra_bytes": later[1],
+        "backward_accumulate_extra_bytes": later[2],
+    }
 
 
 def _backward_roots(out: Any, loss) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:

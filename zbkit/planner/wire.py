@@ -29,6 +29,7 @@ from torch import nn
 from zbkit.launch import launch
 from zbkit.parallel.process_group import group_device
 from zbkit.pipeline import PipelineStage, ScheduleRunner
+from zbkit.planner.allocator import settle
 from zbkit.schedules import build_schedule
 from zbkit.schedules.measure import hop_latency
 
@@ -85,6 +86,7 @@ def wire(
 def _rank(sizes: tuple[int, int], m: int) -> tuple[list[float], float, float]:
     rank, pp = dist.get_rank(), dist.get_world_size()
     device = group_device()
+    settle(device)  # as `profile` and `measure` run (`allocator.settle`)
     schedule = build_schedule("1f1b", pp=pp, microbatches=m)
     hops, overheads = [], []
     for nbytes in sizes:
