@@ -3,6 +3,9 @@ the errors for what it cannot measure."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -140,3 +143,27 @@ def test_bad_input_gets_one_clear_line():
         planner.profile([nn.Linear(H, H)], torch.randn(B, H), repeats=0)
     with pytest.raises(ValueError, match="no layers given"):
         planner.profile([], torch.randn(B, H))
+
+
+_RSS_AFTER_FREE = """
+import psutil, torch
+from zbkit.planner.allocator import settle
+if {settle}:
+    settle(torch.device("cpu"))
+rss = lambda: psutil.Process().memory_info().rss
+before = rss()
+block = torch.empty(4 * 2**20)  # 16 MiB, written so its pages are in
+block.fill_(1)
+del block
+print((rss() - before) // 2**20)
+"""
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_settle_keeps_freed_memory_for_reuse_where_glibc_would_hand_it_back(settled):
+    # a fresh process each: settle is process-wide. Unsettled, glibc returns a freed 16 MiB
+    # chunk to the system (the next one is faulted in again); settled, it keeps it
+    code = _RSS_AFTER_FREE.format(settle=settled)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    kept = int(out.stdout.split()[-1])
+    assert (kept >= 15) if settled else (kept <= 1), out.stdout
