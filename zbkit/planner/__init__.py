@@ -18,16 +18,19 @@ puts the two side by side. `wire` measures what a transfer and the runtime add, 
 from zbkit._public import public_dir
 from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
+from zbkit.planner.partition import PLACEMENTS, Partition, partition
 from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
 from zbkit.planner.wire import Wire, wire
 
 __all__ = [
     "OPTIMIZERS",
+    "PLACEMENTS",
     "Chain",
     "Comparison",
     "LayerProfile",
     "Measured",
+    "Partition",
     "Prediction",
     "Profile",
     "RankMeasured",
@@ -37,6 +40,7 @@ __all__ = [
     "balanced",
     "compare",
     "measure",
+    "partition",
     "predict",
     "profile",
     "wire",
