@@ -12,10 +12,14 @@ simulator on a schedule's stages in seconds and bytes and says, per rank, the pe
 a training step with what is held at that peak, and the step's seconds. `measure` runs the
 same plan on real ranks and reads each rank's peak from torch's own allocator; `compare`
 puts the two side by side. `wire` measures what a transfer and the runtime add, for
-`predict(..., wire=...)`.
+`predict(..., wire=...)`. `partition` balances a schedule's stages by time under a memory
+limit; `plan` chooses the schedule, pipeline degree, microbatches and partition that is
+fastest within a memory budget; `check` runs its top candidates for real.
 """
 
 from zbkit._public import public_dir
+from zbkit.planner.check import Check, check
+from zbkit.planner.choose import Candidate, Plan, parse_bytes, plan
 from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.partition import PLACEMENTS, Partition, partition
@@ -26,11 +30,14 @@ from zbkit.planner.wire import Wire, wire
 __all__ = [
     "OPTIMIZERS",
     "PLACEMENTS",
+    "Candidate",
     "Chain",
+    "Check",
     "Comparison",
     "LayerProfile",
     "Measured",
     "Partition",
+    "Plan",
     "Prediction",
     "Profile",
     "RankMeasured",
@@ -38,9 +45,12 @@ __all__ = [
     "Timing",
     "Wire",
     "balanced",
+    "check",
     "compare",
     "measure",
+    "parse_bytes",
     "partition",
+    "plan",
     "predict",
     "profile",
     "wire",

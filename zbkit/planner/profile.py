@@ -105,6 +105,8 @@ class Profile:
     sample: dict[str, Any] = field(default_factory=dict)  # the microbatch's shapes and dtypes
     optimizer: str = "adam"
     repeats: int = 5
+    # bytes/s between data-parallel replicas, for `plan`'s all-reduce (profile_transformer's)
+    bandwidth: float | None = None
 
     def __len__(self) -> int:
         return len(self.layers)
