@@ -21,7 +21,7 @@ The `Plan` holds the fastest candidate that fits and every candidate, with why i
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from html import escape
 from typing import Any
@@ -169,14 +169,15 @@ def plan(
     schedules: Sequence[str] | None = None,
     dp: int | None = None,
     bandwidth: float | None = None,
-    wire: Wire | None = None,
+    wire: Wire | Mapping[int, Wire] | None = None,
     max_microbatches: int = 64,
 ) -> Plan:
     """The fastest schedule x pp x m x partition that fits `memory` per device (module
     docstring). `schedules`: names of `zbkit.schedules.SCHEDULES` (default all but zb-opt);
     `dp`: fix the data-parallel degree (default: every pp dividing `world`); `bandwidth`:
     bytes/s between replicas for the all-reduce (default the profile's, or `wire`'s);
-    `wire`: a measured `planner.wire()` for the pipeline's transfers and runtime."""
+    `wire`: a measured `planner.wire()` for the pipeline's transfers and runtime, or one
+    per pipeline degree ({pp: wire}: ranks crowd a host's cores more, the more there are)."""
     if not isinstance(profile, Profile):
         raise TypeError(f"plan takes a planner.Profile, got {type(profile).__name__}")
     limit = parse_bytes(memory)
@@ -186,29 +187,31 @@ def plan(
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"plan: {what} must be an int >= 1, got {value!r}")
     _check_fits_at_all(profile, world, limit)
-    degrees = _degrees(profile, world, dp)
+    pps = degrees(profile, world, dp)
     size = _microbatch_size(profile)
-    speed = _bandwidth(profile, bandwidth, wire)
+    wires = _wires(wire, pps)
     candidates = []
     by_time: dict[tuple[int, str, int], list[range]] = {}  # a microbatch's size scales every
     # time alike: the partition by time is the same for every count, computed once
-    for pp in degrees:
+    for pp in pps:
         replicas = world // pp
         counts = _counts(global_batch, replicas, max_microbatches)
+        speed = _bandwidth(profile, bandwidth, wires[pp])
         if replicas > 1 and speed is None and counts:
             raise ValueError(
                 f"plan: pp={pp} leaves dp={replicas} replicas, whose gradient all-reduce needs "
                 "the bandwidth between them: give bandwidth= (bytes/s), or a wire"
             )
         for m in counts:
-            scaled = _scaled(profile, global_batch // replicas // m / size)
+            rows = global_batch // replicas // m
+            scaled = _scaled(profile, rows / size)
             for name in names:
-                candidates.append(_candidate(scaled, name, pp, replicas, m, limit, speed, wire,
-                                             global_batch // replicas // m, by_time))  # fmt: skip
+                candidates.append(_candidate(scaled, name, pp, replicas, m, limit, speed,
+                                             wires[pp], rows, by_time))  # fmt: skip
     if not candidates:
         raise ValueError(
             f"plan: no microbatch count divides the batch: global_batch {global_batch} over "
-            f"dp = {', '.join(str(world // p) for p in degrees)} replicas leaves no whole "
+            f"dp = {', '.join(str(world // p) for p in pps)} replicas leaves no whole "
             "batch per replica; choose a batch that the data-parallel degree divides"
         )
     return _ranked(candidates, limit, world, global_batch)
@@ -237,9 +240,9 @@ def _check_fits_at_all(profile: Profile, world: int, limit: int) -> None:
         )
 
 
-def _degrees(profile: Profile, world: int, dp: int | None) -> list[int]:
-    """Pipeline degrees: each pp >= 2 dividing `world` with a layer for each of its ranks
-    (or world / dp alone)."""
+def degrees(profile: Profile, world: int, dp: int | None) -> list[int]:
+    """The pipeline degrees `plan` considers: each pp >= 2 dividing `world` with a layer
+    for each of its ranks (or world / dp alone)."""
     if dp is not None:
         if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1 or world % dp:
             raise ValueError(f"plan: dp={dp!r} does not divide world={world}")
@@ -279,6 +282,20 @@ def _microbatch_size(profile: Profile) -> int:
         "plan: the profile does not say its microbatch's size (no tensor in its sample): "
         "profile one microbatch of the batch the plan divides"
     )
+
+
+def _wires(wire: Wire | Mapping[int, Wire] | None, degrees: list[int]) -> dict[int, Wire | None]:
+    if wire is None or isinstance(wire, Wire):
+        return dict.fromkeys(degrees, wire)
+    if not isinstance(wire, Mapping) or not all(isinstance(w, Wire) for w in wire.values()):
+        raise ValueError("plan: wire is a planner.wire() result, or a dict of them by pp")
+    missing = [p for p in degrees if p not in wire]
+    if missing:
+        raise ValueError(
+            f"plan: no wire for pp={', '.join(map(str, missing))}: measure planner.wire(pp=...) "
+            "for each degree, or give one wire for all"
+        )
+    return {p: wire[p] for p in degrees}
 
 
 def _bandwidth(profile: Profile, bandwidth: float | None, wire: Wire | None) -> float | None:
