@@ -7,6 +7,7 @@ ranks (`planner.measure`, the same stages):
 
     python benchmarks/plan_accuracy.py            # p = 2, m = 4 and 8
     python benchmarks/plan_accuracy.py --pp 2 4   # and p = 4 (slow on 2 cores)
+    python benchmarks/plan_accuracy.py --plan     # partition, plan and check (issue 35)
 
 The issue's targets: peak bytes within 5% per rank; step time within 15% where an action
 takes a few milliseconds; the order of schedules by predicted time the measured order
@@ -15,11 +16,19 @@ the medians (the profile's and the run's), and the fastest of each (`timing="fas
 against the run's fastest step), which a noisy host disturbs less. Where two schedules run the
 same program (zb-auto often finds a named one), both are measured, and the two times say
 how noisy the host is.
+
+With `--plan`, the planner's targets instead: the balanced partition's slowest rank against
+the equal-layers split (linear and V); `planner.plan` on `p` devices under a roomy and a
+tight budget, its top three measured (`planner.check`): the chosen one's measured step over
+the fastest measured of the three; and the time `plan` takes over every schedule, p in
+{2, 4, 8} and every microbatch count dividing 64, for a 32-layer Llama-2-7B config
+(`planner.profile_transformer`).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch import nn
@@ -48,10 +57,14 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
     parser.add_argument("--device", default="cpu", help="cpu (gloo ranks) or cuda (NCCL)")
+    parser.add_argument("--plan", action="store_true", help="the planner's targets (module doc)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if args.plan:
+        _plan_targets(args.pp, device, backend)
+        return
     tally: dict[str, list[bool]] = {"bytes": [], "time": [], "fastest": [], "order": []}
     for pp in args.pp:
         layers = [layer.to(device) for layer in _model(2 * pp)]
@@ -107,6 +120,56 @@ def main() -> None:
     ):
         hits = tally[what]
         print(f"{label}: {sum(hits)} of {len(hits)}")  # fmt: skip
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+
+
+def _plan_targets(pps: list[int], device: torch.device, backend: str) -> None:
+    for pp in pps:
+        layers = [layer.to(device) for layer in _model(2 * pp)]
+        batch = _batch()
+        prof = planner.profile(layers, (batch[0][:2], batch[1][:2]), loss_fn=_loss, repeats=5)
+        for placement, count in (("linear", pp), ("v", 2 * pp)):
+            part = planner.partition(prof, count, placement=placement, pp=pp)
+            print(f"pp={pp} {part}".splitlines()[0])
+        measured_wire = planner.wire(pp=pp, backend=backend)
+        roomy = planner.plan(prof, world=pp, global_batch=B, memory="1GB", wire=measured_wire,
+                             schedules=SCHEDULES)  # fmt: skip
+        least = min(c.peak_bytes for c in roomy.candidates if c.prediction is not None)
+        tight = (least + roomy.chosen.peak_bytes) // 2
+        for label, budget in (("roomy", 10**9), ("tight", tight)):
+            chosen = planner.plan(prof, world=pp, global_batch=B, memory=budget,
+                                  wire=measured_wire, schedules=SCHEDULES)  # fmt: skip
+            print(f"pp={pp} {label}: {str(chosen).splitlines()[0]}")
+            checked = planner.check(chosen, layers, batch, loss_fn=_loss, top=3, steps=5,
+                                    backend=backend)  # fmt: skip
+            print("  " + str(checked).replace("\n", "\n  "))
+            print(f"  chosen measured / fastest measured of the top 3: {checked.chosen_ratio:.3f}")
+    _plan_time()
+
+
+def _plan_time() -> None:
+    """`plan`'s own time on a 32-layer config: every schedule, p in {2, 4, 8}."""
+    llama = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008,
+             "vocab_size": 32000}  # fmt: skip
+    prof = planner.profile_transformer(llama, microbatch=1, seq=4096, dtype="bfloat16",
+                                       device_tflops=400, bandwidth=50e9)  # fmt: skip
+    # a global batch of 64 (dp = 1): m = 1, 2, 4, ..., 64; one of 720720 = 2^4 3^2 5 7 11 13:
+    # 40 counts up to 64 (every one to 16), the most a batch can give
+    for batch in (64, 720720):
+        start = time.perf_counter()
+        count = 0
+        for pp in (2, 4, 8):
+            found = planner.plan(prof, world=pp, global_batch=batch, memory="80GB", dp=1)
+            count += len(found.candidates)
+        took = time.perf_counter() - start
+        print(f"plan over every schedule, p in 2, 4, 8, global batch {batch} (every m dividing "
+              f"it up to 64), a 32-layer config: {count} candidates in {took:.2f} s (target: "
+              "under 10 s)")  # fmt: skip
 
 
 def _program(schedule) -> tuple:

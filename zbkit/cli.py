@@ -29,6 +29,10 @@ _COMMANDS = {
         "zbkit.doctor._cli",
         "say which known traps a pipeline setup will fall into, before the run",
     ),
+    "plan": (
+        "zbkit.planner.cli",
+        "choose the schedule, stages and microbatches that run fastest within a memory budget",
+    ),
     "schedule": ("zbkit.schedules.cli", "build, validate and simulate a pipeline schedule"),
 }
 

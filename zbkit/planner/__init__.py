@@ -15,6 +15,8 @@ puts the two side by side. `wire` measures what a transfer and the runtime add, 
 `predict(..., wire=...)`. `partition` balances a schedule's stages by time under a memory
 limit; `plan` chooses the schedule, pipeline degree, microbatches and partition that is
 fastest within a memory budget; `check` runs its top candidates for real.
+`profile_transformer` builds a profile from a decoder's shape (an HF config), for models
+too large to run here.
 """
 
 from zbkit._public import public_dir
@@ -25,6 +27,7 @@ from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.partition import PLACEMENTS, Partition, partition
 from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
+from zbkit.planner.transformer import profile_transformer
 from zbkit.planner.wire import Wire, wire
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "plan",
     "predict",
     "profile",
+    "profile_transformer",
     "wire",
 ]
 

@@ -95,6 +95,32 @@ class Partition:
         title = escape(str(self).splitlines()[0])
         return f"<p>{title}</p><table><tr>{head}</tr>{''.join(rows)}</table>"
 
+    def plot(self):
+        """Per rank, this partition's and the equal-layers split's milliseconds per
+        microbatch (F + I + W) and bytes, side by side: a matplotlib Figure."""
+        # lazily: matplotlib is the notebook extra; the numbers above need none of it
+        import matplotlib.pyplot as plt
+
+        ranks = range(len(self.seconds))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 2.8))
+        for ax, ours, theirs, unit, scale in (
+            (left, self.seconds, self.naive_seconds, "ms per microbatch", 1e3),
+            (right, self.bytes, self.naive_bytes, "MiB held", 2**-20),
+        ):
+            ax.bar([r - 0.2 for r in ranks], [v * scale for v in theirs], 0.4,
+                   color="#bbbbbb", label="equal layers")  # fmt: skip
+            ax.bar([r + 0.2 for r in ranks], [v * scale for v in ours], 0.4,
+                   color="#3b6ea8", label="balanced")  # fmt: skip
+            ax.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
+            ax.set_ylabel(unit)
+        left.axhline(self.slowest * 1e3, color="#3b6ea8", lw=0.8, ls="--")
+        left.legend(loc="lower right", fontsize=8)
+        left.set_title(f"slowest rank {self.speedup:.2f}x faster balanced", fontsize=10)
+        right.set_title("bytes per rank", fontsize=10)
+        fig.tight_layout()
+        plt.close(fig)
+        return fig
+
 
 def _spans(stages: list[range], where: list[int], rank: int) -> str:
     return " + ".join(_span(p) for s, p in enumerate(stages) if where[s] == rank)
