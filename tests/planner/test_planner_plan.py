@@ -156,17 +156,28 @@ def test_a_tight_budget_picks_a_plan_that_fits_where_the_roomy_ones_choice_does_
     )
 
 
+def _state(c: planner.Candidate) -> int:
+    """The most parameter, gradient and optimizer bytes on one of its ranks."""
+    return max(r.parameters + r.gradients + r.optimizer for r in c.prediction.ranks)
+
+
 def test_nothing_fits_says_the_least_any_candidate_needs_and_what_would_lower_it():
     prof = _gpt()
-    static = sum(x.param_bytes + x.grad_bytes + x.optimizer_bytes for x in prof.layers)
-    limit = static // 4 + 1  # above the static bytes spread evenly, below any real split
-    got = planner.plan(prof, world=4, global_batch=16, memory=limit)
+    roomy = planner.plan(prof, world=4, global_batch=16, memory="1GB")
+    state = min(_state(c) for c in roomy.candidates if c.prediction is not None)
+    # the model's state fits on the deepest pipeline's ranks, what it holds for the
+    # backward does not: what to lower is that
+    got = planner.plan(prof, world=4, global_batch=16, memory=state + 1)
     assert got.chosen is None and got.top() == []
     least = min(c.peak_bytes for c in got.candidates if c.prediction is not None)
-    fmt = format_bytes
-    assert f"least any candidate needs is {fmt(least)}" in got.advice
+    assert f"least any candidate needs is {format_bytes(least)}" in got.advice
     assert "nothing fits" in str(got)
-    assert any(word in got.advice for word in ("more pipeline stages", "checkpointing"))
+    assert f"the model's state fits ({format_bytes(state)}" in got.advice
+    assert "Activation checkpointing" in got.advice
+    # a budget below the deepest pipeline's state: more devices
+    below = planner.plan(prof, world=4, global_batch=16, memory=state - 1)
+    assert below.chosen is None
+    assert f"alone need {format_bytes(state)}" in below.advice and "more devices" in below.advice
 
 
 def test_the_plan_prints_a_table_with_every_candidate():
@@ -266,3 +277,41 @@ def test_check_refuses_what_it_cannot_run_before_starting_a_rank():
         planner.check(none, _model(), _batch(8), loss_fn=_loss)
     with pytest.raises(TypeError, match="check takes a planner.plan"):
         planner.check(prof, _model(), _batch(8), loss_fn=_loss)
+
+
+def test_the_summary_is_the_verdict_and_the_first_rows():
+    got = planner.plan(_gpt(), world=4, global_batch=16, memory="80MB")
+    lines = str(got).splitlines()
+    short = got.summary(5).splitlines()
+    assert short[:7] == lines[:7]
+    assert short[-1] == f"... and {len(lines) - 7} more candidates"
+
+
+def test_plot_peaks_stacks_each_ranks_parts_to_its_breakdown():
+    pytest.importorskip("matplotlib")
+    prof = _gpt()
+    preds = [planner.predict(prof, name, pp=2, microbatches=4) for name in ("1f1b", "zb-v")]
+    fig = planner.plot_peaks(preds, unit="MB")
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["1f1b (m=4)", "zb-v (m=4)"]
+    for ax, pred in zip(axes, preds, strict=True):
+        tops = {}
+        for bar in ax.patches:  # stacked: each rank's bars end at its parts' sum
+            rank = round(bar.get_x() + bar.get_width() / 2)
+            tops[rank] = max(tops.get(rank, 0), bar.get_y() + bar.get_height())
+        for r, rank in enumerate(pred.ranks):
+            assert tops[r] == pytest.approx(sum(rank.breakdown.values()) / 1e6)
+    with pytest.raises(ValueError, match="unit is GB, GiB, MB or MiB"):
+        planner.plot_peaks(preds, unit="furlongs")
+    with pytest.raises(ValueError, match="takes a list of planner.predict"):
+        planner.plot_peaks([])
+
+
+def test_the_partition_plot_draws_both_splits_per_rank():
+    pytest.importorskip("matplotlib")
+    part = planner.partition(_gpt(), 4, placement="v", pp=2)
+    left, right = part.plot().axes
+    heights = [bar.get_height() for bar in left.patches]
+    assert heights == pytest.approx([s * 1e3 for s in (*part.naive_seconds, *part.seconds)])
+    heights = [bar.get_height() for bar in right.patches]
+    assert heights == pytest.approx([b / 2**20 for b in (*part.naive_bytes, *part.bytes)])

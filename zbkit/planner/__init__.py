@@ -25,7 +25,7 @@ from zbkit.planner.choose import Candidate, Plan, parse_bytes, plan
 from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.partition import PLACEMENTS, Partition, partition
-from zbkit.planner.predict import Prediction, RankPrediction, balanced, predict
+from zbkit.planner.predict import Prediction, RankPrediction, balanced, plot_peaks, predict
 from zbkit.planner.profile import OPTIMIZERS, LayerProfile, Profile, Timing, profile
 from zbkit.planner.transformer import profile_transformer
 from zbkit.planner.wire import Wire, wire
@@ -54,6 +54,7 @@ __all__ = [
     "parse_bytes",
     "partition",
     "plan",
+    "plot_peaks",
     "predict",
     "profile",
     "profile_transformer",

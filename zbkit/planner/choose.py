@@ -78,6 +78,14 @@ class Plan:
         """The `k` fastest that fit, the chosen first."""
         return [c for c in self.candidates if c.fits][:k]
 
+    def summary(self, rows: int = 8) -> str:
+        """The verdict and the first `rows` candidates (`str` holds them all)."""
+        lines = str(self).splitlines()
+        shown = lines[: rows + 2]
+        if len(lines) > len(shown):
+            shown.append(f"... and {len(lines) - len(shown)} more candidates")
+        return "\n".join(shown)
+
     def __str__(self) -> str:
         head = (
             f"plan for {self.world} devices of {format_bytes(self.memory)}, global batch "
@@ -89,7 +97,7 @@ class Plan:
             c = self.chosen
             head += (
                 f"{c.schedule}, pp={c.pp}, dp={c.dp}, m={c.microbatches} (microbatch "
-                f"{c.microbatch_size}): step {c.step_seconds * 1e3:.4g} ms, fullest rank "
+                f"{c.microbatch_size}): step {_ms(c.step_seconds)} ms, fullest rank "
                 f"{c.fullest_rank} at {format_bytes(c.peak_bytes)}; stages "
                 + ", ".join(_span(s) for s in c.stages)
             )
@@ -98,11 +106,9 @@ class Plan:
     def _repr_pretty_(self, printer, cycle: bool) -> None:
         printer.text(str(self))
 
-    def _repr_html_(self, rows: int = 20) -> str:
-        lines = str(self).splitlines()
-        shown = lines[: rows + 2]
-        more = f"<p>... and {len(lines) - len(shown)} more</p>" if len(lines) > len(shown) else ""
-        return f"<p>{escape(lines[0])}</p><pre>{escape(chr(10).join(shown[1:]))}</pre>{more}"
+    def _repr_html_(self) -> str:
+        first, *rest = self.summary(20).splitlines()
+        return f"<p>{escape(first)}</p><pre>{escape(chr(10).join(rest))}</pre>"
 
 
 def _span(layers: range) -> str:
@@ -114,7 +120,7 @@ def _table(candidates: list[Candidate]) -> str:
             f"{'peak':>10}  why")  # fmt: skip
     rows = [head]
     for c in candidates:
-        step = f"{c.step_seconds * 1e3:9.4g}" if c.prediction is not None else f"{'-':>9}"
+        step = f"{_ms(c.step_seconds):>9}" if c.prediction is not None else f"{'-':>9}"
         peak = format_bytes(c.peak_bytes) if c.prediction is not None else "-"
         rows.append(
             f"{c.schedule:<17} {c.pp:>3} {c.dp:>3} {c.microbatches:>3} {c.microbatch_size:>4} "
@@ -151,10 +157,18 @@ def parse_bytes(value: int | float | str, what: str = "memory") -> int:
 
 
 def format_bytes(nbytes: float) -> str:
-    """GB (10^9) with three digits, MB below a GB."""
+    """GB (10^9) with three digits (whole GB from 1000), MB below a GB."""
+    if nbytes >= 1e12:
+        return f"{nbytes / 1e9:.0f} GB"
     if nbytes >= 1e9:
         return f"{nbytes / 1e9:.3g} GB"
     return f"{nbytes / 1e6:.3g} MB"
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds with four digits, whole ones from 1000."""
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 1000 else f"{ms:.4g}"
 
 
 # ---- the search ---------------------------------------------------------------------------
@@ -438,25 +452,33 @@ def _ranked(candidates: list[Candidate], limit: int, world: int, batch: int) -> 
 
 
 def _advice(over: list[Candidate], limit: int) -> str:
-    """Where nothing fits: the least any candidate needs, and what would lower it."""
+    """Where nothing fits: the least any candidate needs, and what would lower it: more
+    devices where even the candidate with the least static bytes per rank holds more than
+    the budget in them; otherwise less held for the backward."""
     if not over:
         return "no candidate could be built (each says why)"
     least = over[0]
-    rank = least.prediction.ranks[least.fullest_rank]  # type: ignore[union-attr]
-    static = rank.parameters + rank.optimizer + rank.gradients
+    static = min(_static(c) for c in over)
     if static > limit:
         change = (
-            "its parameters, gradients and optimizer state alone are more than that: more "
-            "pipeline stages (a larger pp, fewer replicas) or more devices"
+            f"the parameters, gradients and optimizer state alone need {format_bytes(static)} "
+            "on a rank of the deepest pipeline: more devices, or more memory"
         )
     else:
         change = (
-            "most of it is activations: more microbatches (a smaller microbatch), a "
-            "schedule that holds fewer (1F1B, ZB-H1, V-Min), or activation checkpointing "
-            "(profile_transformer(..., checkpointing='full'))"
+            f"the model's state fits ({format_bytes(static)} on a rank of the deepest "
+            "pipeline): what is held for the backward does not. Activation checkpointing "
+            "(profile_transformer(..., checkpointing='full')), a smaller microbatch (more "
+            "microbatches), more stages, or a schedule that holds fewer (1F1B, ZB-H1, V-Min)"
         )
     return (
         f"The least any candidate needs is {format_bytes(least.peak_bytes)} on its fullest "
         f"rank ({least.schedule}, pp={least.pp}, m={least.microbatches}, rank "
         f"{least.fullest_rank}), against {format_bytes(limit)}; {change}."
     )
+
+
+def _static(c: Candidate) -> int:
+    """The most parameter, gradient and optimizer bytes any of the candidate's ranks holds."""
+    assert c.prediction is not None  # only built candidates are advised on
+    return max(r.parameters + r.gradients + r.optimizer for r in c.prediction.ranks)

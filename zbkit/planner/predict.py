@@ -32,7 +32,7 @@ from zbkit.planner.wire import Wire
 from zbkit.schedules import KINDS, Costs, Schedule, Simulation, build_schedule, simulate
 from zbkit.schedules.catalog import record
 
-__all__ = ["Prediction", "RankPrediction", "balanced", "predict"]
+__all__ = ["Prediction", "RankPrediction", "balanced", "plot_peaks", "predict"]
 
 _PARTS = ("activations", "weight_state", "sent", "gradients")
 
@@ -97,6 +97,49 @@ class Prediction:
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
         printer.text(str(self))
+
+    def plot(self):
+        """Each rank's peak, stacked by what is held at it: a matplotlib Figure."""
+        return plot_peaks([self])
+
+
+# the parts drawn, bottom up: the model's state, then what the schedule holds
+_DRAWN = {"parameters, gradients, optimizer": ("parameters", "gradients", "optimizer"),
+          "activations": ("activations",), "W state": ("weight_state",),
+          "buffers and transient": ("received", "sent", "transient")}  # fmt: skip
+_COLOURS = ("#9a9a9a", "#3b6ea8", "#d08a2c", "#c9c9c9")
+
+
+def plot_peaks(predictions: Sequence[Prediction], unit: str = "GB"):
+    """Per prediction, each rank's peak bytes stacked by what is held at it (the model's
+    state, activations, W state, the rest): one panel each, side by side, on one scale."""
+    # lazily: matplotlib is the notebook extra; the numbers above need none of it
+    import matplotlib.pyplot as plt
+
+    if not predictions or not all(isinstance(p, Prediction) for p in predictions):
+        raise ValueError("plot_peaks takes a list of planner.predict(...) results")
+    scale = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}.get(unit)
+    if scale is None:
+        raise ValueError(f"plot_peaks: unit is GB, GiB, MB or MiB, got {unit!r}")
+    fig, axes = plt.subplots(1, len(predictions), figsize=(min(3.2 * len(predictions), 12), 3),
+                             sharey=True, squeeze=False)  # fmt: skip
+    for ax, pred in zip(axes[0], predictions, strict=True):
+        ranks = range(len(pred.ranks))
+        bottom = [0.0] * len(pred.ranks)
+        for (label, keys), colour in zip(_DRAWN.items(), _COLOURS, strict=True):
+            part = [sum(r.breakdown[k] for k in keys) / scale for r in pred.ranks]
+            ax.bar(ranks, part, bottom=bottom, color=colour, label=label)
+            bottom = [b + v for b, v in zip(bottom, part, strict=True)]
+        peaks = [r.peak_bytes / scale for r in pred.ranks]
+        ax.scatter(ranks, peaks, marker="_", s=200, color="black", label="peak", zorder=3)
+        ax.set_title(f"{pred.schedule.name} (m={pred.schedule.microbatches})", fontsize=10)
+        ax.set_xticks(list(ranks))
+        ax.set_xlabel("rank")
+    axes[0, 0].set_ylabel(unit)
+    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
 
 
 def _mb(value: int) -> str:
