@@ -31,7 +31,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 __all__ = ["TokenMeanLoss", "layers", "tied"]
 
 
-class _Embed(nn.Module):
+class Embedding(nn.Module):
     def __init__(self, embed: nn.Module, positions: nn.Module | None = None) -> None:
         super().__init__()
         self.embed, self.positions = embed, positions
@@ -53,7 +53,7 @@ def _mask(config: Any, x: torch.Tensor, padding: torch.Tensor, pos: torch.Tensor
     return make(config, x, padding, None, position_ids=pos)
 
 
-class _Decoder(nn.Module):
+class DecoderLayer(nn.Module):
     """One decoder layer: the Llama family's, with its rotary embeddings made here, or a
     GPT-2 block (`rotary` None: its positions were added to the embedding)."""
 
@@ -72,7 +72,7 @@ class _Decoder(nn.Module):
         return (out[0] if isinstance(out, tuple) else out), padding
 
 
-class _Norm(nn.Module):
+class FinalNorm(nn.Module):
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
         self.norm = norm
@@ -81,7 +81,7 @@ class _Norm(nn.Module):
         return self.norm(x), padding
 
 
-class _Head(nn.Module):
+class LMHead(nn.Module):
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
         self.head = head
@@ -101,18 +101,18 @@ def layers(model: Any) -> list[nn.Module]:
     if hasattr(model, "model") and hasattr(model.model, "layers"):  # the Llama family
         body = model.model
         return [
-            _Embed(body.embed_tokens),
-            *(_Decoder(config, layer, body.rotary_emb) for layer in body.layers),
-            _Norm(body.norm),
-            _Head(model.lm_head),
+            Embedding(body.embed_tokens),
+            *(DecoderLayer(config, layer, body.rotary_emb) for layer in body.layers),
+            FinalNorm(body.norm),
+            LMHead(model.lm_head),
         ]
     if hasattr(model, "transformer") and hasattr(model.transformer, "h"):  # GPT-2
         body = model.transformer
         return [
-            _Embed(body.wte, body.wpe),
-            *(_Decoder(config, block) for block in body.h),
-            _Norm(body.ln_f),
-            _Head(model.lm_head),
+            Embedding(body.wte, body.wpe),
+            *(DecoderLayer(config, block) for block in body.h),
+            FinalNorm(body.ln_f),
+            LMHead(model.lm_head),
         ]
     raise TypeError(
         f"zbkit.hf.layers knows decoder-only models with model.layers (Llama, Mistral, Qwen2, "

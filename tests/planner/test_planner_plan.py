@@ -4,6 +4,8 @@ microbatch's size scaling the bytes; nothing fitting said with the least needed;
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -97,6 +99,10 @@ def test_each_candidate_is_what_predict_says_for_it_alone():
             assert mine.activation_bytes == int(base.activation_bytes * factor)
             assert mine.output_bytes == int(base.output_bytes * factor)
             assert mine.param_bytes == base.param_bytes  # the weights do not scale
+            # nor a weight pass's transients: a gradient being made, the weights' size
+            assert (
+                mine.weight_grad_accumulate_extra_bytes == base.weight_grad_accumulate_extra_bytes
+            )
             assert mine.forward.median == pytest.approx(base.forward.median * factor)
         alone = planner.predict(
             pred.profile, c.schedule, pp=2, microbatches=c.microbatches, stages=c.stages
@@ -211,8 +217,28 @@ def test_bad_input_gets_one_clear_line(kwargs, message):
 
 
 def test_a_profile_is_required():
-    with pytest.raises(TypeError, match="plan takes a planner.Profile, got list"):
+    with pytest.raises(TypeError, match="plan takes a planner.Profile or a dict of them"):
         planner.plan([], world=2, global_batch=4, memory="1GB")
+
+
+def test_profiles_by_size_are_taken_as_they_are_and_the_nearest_scaled():
+    """A candidate whose microbatch has a profile of its own takes it unscaled; one without
+    scales the largest smaller one (here 4 -> 8 from 4, 1 from 2)."""
+    two, four = _gpt(microbatch=2), _gpt(microbatch=4, bandwidth=None)
+    four = replace(four, layers=tuple(replace(x, activation_bytes=x.activation_bytes + 7)
+                                      for x in four.layers))  # fmt: skip
+    got = planner.plan({2: two, 4: four}, world=2, global_batch=16, memory="1GB",
+                       schedules=["1f1b"])  # fmt: skip
+    by_size = {c.microbatch_size: c.prediction.profile for c in got.candidates}
+    assert by_size[2] is two and by_size[4] is four
+    assert by_size[8].layers[1].activation_bytes == 2 * four.layers[1].activation_bytes
+    assert by_size[1].layers[1].activation_bytes == two.layers[1].activation_bytes // 2
+    assert planner.profile_sizes(16, 2, two) == [1, 2, 4, 8, 16]
+    with pytest.raises(ValueError, match="under size 3 was taken on a microbatch of 2"):
+        planner.plan({3: two}, world=2, global_batch=16, memory="1GB")
+    with pytest.raises(ValueError, match="not of one model"):
+        planner.plan({2: two, 4: _gpt(blocks=2, microbatch=4)}, world=2, global_batch=16,
+                     memory="1GB")  # fmt: skip
 
 
 # ---- check: the top candidates run for real ---------------------------------------------

@@ -87,7 +87,7 @@ def test_a_model_from_code_is_profiled_then_planned(model_dir, capsys):
     out = capsys.readouterr()
     assert code == 0, out.err
     got = json.loads(out.out)
-    assert "profiling 4 layers of tinygpt:build ..." in out.err
+    assert "profiling 4 layers of tinygpt:build at microbatch sizes 1, 2, 4, 8 ..." in out.err
     fitting = [r for r in got["candidates"] if r["verdict"] and "not" not in r["verdict"]]
     assert got["chosen"]["step_seconds"] == min(r["step_seconds"] for r in fitting)
     assert {r["schedule"] for r in got["candidates"]} == {"1f1b", "zb-h1"}
@@ -107,8 +107,8 @@ def test_check_runs_the_top_three_on_gloo_ranks(model_dir, capsys):
         (r["schedule"], r["microbatches"]) for r in top]  # fmt: skip
     for c in got["check"]:
         assert c["measured_seconds"] > 0
-        # the allocator's bytes; the tiny model's fixed bytes do not scale with a microbatch
-        # half the profile's (the benchmark measures the accuracy on a real size)
+        # the allocator's bytes, each at its own microbatch size; on a model this small the
+        # runtime's fixed bytes weigh (the benchmark measures the accuracy on a real size)
         assert all(abs(r - 1) < 0.2 for r in c["peak_ratios"]), c
     assert "measuring 3 of 3" in out.err
     assert "measuring the wire and the runtime on 2 ranks" in out.err

@@ -1,7 +1,7 @@
 """Exercises a learner can check: ``check("03.1", answer)`` says right or wrong, and why.
 
 Every tutorial's exercises are registered here, one module per notebook (``_nb01`` ..
-``_nb08``). A checker never holds a stored answer: it works the answer out with zbkit itself
+``_nb09``). A checker never holds a stored answer: it works the answer out with zbkit itself
 (simulates the schedule, analyses the graph, reads the closed form) and compares, so the
 check stays true when the library changes. In the notebooks each exercise has a check cell
 (``answer = None`` until the learner fills it in) and a worked solution, hidden by default,

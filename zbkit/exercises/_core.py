@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # expected value and how it was found, so a wrong answer teaches something too
 Checker = Callable[[Any], tuple[bool, str]]
 
-_MODULES = ("_nb01", "_nb02", "_nb03", "_nb04", "_nb05", "_nb06", "_nb07", "_nb08")
+_MODULES = ("_nb01", "_nb02", "_nb03", "_nb04", "_nb05", "_nb06", "_nb07", "_nb08", "_nb09")
 
 
 @dataclass(frozen=True)

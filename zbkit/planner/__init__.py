@@ -21,7 +21,7 @@ too large to run here.
 
 from zbkit._public import public_dir
 from zbkit.planner.check import Check, check
-from zbkit.planner.choose import Candidate, Plan, parse_bytes, plan
+from zbkit.planner.choose import Candidate, Plan, parse_bytes, plan, profile_sizes
 from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Chain, Measured, RankMeasured, measure
 from zbkit.planner.partition import PLACEMENTS, Partition, partition
@@ -57,6 +57,7 @@ __all__ = [
     "plot_peaks",
     "predict",
     "profile",
+    "profile_sizes",
     "profile_transformer",
     "wire",
 ]

@@ -9,11 +9,13 @@ all-reduce follows the pipeline's step on each rank, priced from its gradient by
 `bandwidth` between replicas (a ring: `2 (dp - 1) / dp` of the bytes each way). zb-auto
 searches under the memory left once the rank's static bytes are held.
 
-The profile was taken on one microbatch size; a candidate with another scales its times
-and its per-microbatch bytes (activations, W state, outputs, the transient bytes) by the
-ratio of the sizes: exact for the closed forms of `profile_transformer`, an estimate for a
-measured profile (small microbatches pay fixed costs the scaling does not see; `measure`
-the chosen plan to check it).
+A profile was taken on one microbatch size; a candidate with another takes the profile of
+its size where one is given (`profile` may be a dict of them by microbatch size, as
+`profile_sizes` makes), or scales the nearest one's times and per-microbatch bytes
+(activations, W state, outputs, the forward's and input pass's transient bytes) by the
+ratio of the sizes. That is exact for the closed forms of `profile_transformer`, an estimate
+for a measured profile: a weight pass's transient bytes are the size of the weights, and
+small microbatches pay fixed costs the scaling does not see.
 
 The `Plan` holds the fastest candidate that fits and every candidate, with why it lost.
 """
@@ -33,7 +35,7 @@ from zbkit.planner.wire import Wire
 from zbkit.schedules import SCHEDULES
 from zbkit.schedules.catalog import record
 
-__all__ = ["Candidate", "Plan", "parse_bytes", "plan"]
+__all__ = ["Candidate", "Plan", "parse_bytes", "plan", "profile_sizes"]
 
 # zb-opt proves an optimum and takes up to a minute per candidate: asked for by name only
 DEFAULT_SCHEDULES = tuple(s for s in SCHEDULES if s != "zb-opt")
@@ -175,7 +177,7 @@ def _ms(seconds: float) -> str:
 
 
 def plan(
-    profile: Profile,
+    profile: Profile | Mapping[int, Profile],
     *,
     world: int,
     global_batch: int,
@@ -192,8 +194,8 @@ def plan(
     bytes/s between replicas for the all-reduce (default the profile's, or `wire`'s);
     `wire`: a measured `planner.wire()` for the pipeline's transfers and runtime, or one
     per pipeline degree ({pp: wire}: ranks crowd a host's cores more, the more there are)."""
-    if not isinstance(profile, Profile):
-        raise TypeError(f"plan takes a planner.Profile, got {type(profile).__name__}")
+    profiles = _by_size(profile)
+    profile = profiles[min(profiles)]
     limit = parse_bytes(memory)
     names = _schedules(schedules)
     for what, value in (("world", world), ("global_batch", global_batch),
@@ -202,11 +204,10 @@ def plan(
             raise ValueError(f"plan: {what} must be an int >= 1, got {value!r}")
     _check_fits_at_all(profile, world, limit)
     pps = degrees(profile, world, dp)
-    size = _microbatch_size(profile)
     wires = _wires(wire, pps)
     candidates = []
-    by_time: dict[tuple[int, str, int], list[range]] = {}  # a microbatch's size scales every
-    # time alike: the partition by time is the same for every count, computed once
+    # scaling a profile's times alike leaves its partition by time as it is: one per profile
+    by_time: dict[tuple[int, str, int, int], list[range]] = {}
     for pp in pps:
         replicas = world // pp
         counts = _counts(global_batch, replicas, max_microbatches)
@@ -218,10 +219,11 @@ def plan(
             )
         for m in counts:
             rows = global_batch // replicas // m
-            scaled = _scaled(profile, rows / size)
+            size = _nearest(profiles, rows)
+            scaled = _scaled(profiles[size], rows / size)
             for name in names:
                 candidates.append(_candidate(scaled, name, pp, replicas, m, limit, speed,
-                                             wires[pp], rows, by_time))  # fmt: skip
+                                             wires[pp], rows, by_time, size))  # fmt: skip
     if not candidates:
         raise ValueError(
             f"plan: no microbatch count divides the batch: global_batch {global_batch} over "
@@ -280,6 +282,52 @@ def _counts(global_batch: int, replicas: int, most: int) -> list[int]:
     return [m for m in range(1, min(batch, most) + 1) if batch % m == 0]
 
 
+def _by_size(profile: Profile | Mapping[int, Profile]) -> dict[int, Profile]:
+    """The profiles by their microbatch's size, checked to be of one model."""
+    if isinstance(profile, Profile):
+        return {_microbatch_size(profile): profile}
+    if not isinstance(profile, Mapping) or not profile:
+        raise TypeError(
+            f"plan takes a planner.Profile or a dict of them by microbatch size, got "
+            f"{type(profile).__name__}"
+        )
+    out = {}
+    for size, prof in profile.items():
+        if not isinstance(prof, Profile):
+            raise TypeError(f"plan: the profile for size {size!r} is a {type(prof).__name__}")
+        if _microbatch_size(prof) != size:
+            raise ValueError(
+                f"plan: the profile under size {size!r} was taken on a microbatch of "
+                f"{_microbatch_size(prof)}"
+            )
+        out[size] = prof
+    names = {tuple(x.name for x in p.layers) for p in out.values()}
+    if len(names) > 1:
+        raise ValueError("plan: the profiles by size are not of one model (their layers differ)")
+    return out
+
+
+def _nearest(profiles: Mapping[int, Profile], rows: int) -> int:
+    """The size whose profile a microbatch of `rows` takes: its own, else the largest
+    below it, else the smallest above."""
+    if rows in profiles:
+        return rows
+    below = [s for s in profiles if s < rows]
+    return max(below) if below else min(profiles)
+
+
+def profile_sizes(global_batch: int, world: int, profile: Profile, dp: int | None = None,
+                  max_microbatches: int = 64) -> list[int]:  # fmt: skip
+    """The microbatch sizes `plan` considers for this batch and world: profile each (a
+    dict of profiles by size) and no candidate's bytes or seconds are scaled."""
+    sizes = set()
+    for pp in degrees(profile, world, dp):
+        replicas = world // pp
+        for m in _counts(global_batch, replicas, max_microbatches):
+            sizes.add(global_batch // replicas // m)
+    return sorted(sizes)
+
+
 def _microbatch_size(profile: Profile) -> int:
     """The profiled microbatch's size: the first tensor's first dimension in `sample`."""
     todo: list[Any] = [profile.sample]
@@ -324,10 +372,10 @@ def _bandwidth(profile: Profile, bandwidth: float | None, wire: Wire | None) -> 
     return None
 
 
+# what a microbatch's size scales; a weight pass's transients (a gradient being made) and
+# the optimizer's do not
 _PER_MICROBATCH = ("activation_bytes", "weight_state_bytes", "output_bytes",
-                   "forward_extra_bytes", "input_grad_extra_bytes", "weight_grad_extra_bytes",
-                   "backward_extra_bytes", "weight_grad_accumulate_extra_bytes",
-                   "backward_accumulate_extra_bytes")  # fmt: skip
+                   "forward_extra_bytes", "input_grad_extra_bytes")  # fmt: skip
 _TIMES = ("forward", "input_grad", "weight_grad")
 
 
@@ -347,7 +395,7 @@ def _times(t: Timing, factor: float) -> Timing:
     return Timing(t.median * factor, t.fastest * factor, t.slowest * factor)
 
 
-def _candidate(profile, name, pp, dp, m, limit, speed, wire, size, by_time) -> Candidate:
+def _candidate(profile, name, pp, dp, m, limit, speed, wire, size, by_time, source) -> Candidate:
     def refused(why: str) -> Candidate:
         return Candidate(name, pp, dp, m, size, None, 0.0, 0, 0, f"not built: {why}")
 
@@ -355,7 +403,7 @@ def _candidate(profile, name, pp, dp, m, limit, speed, wire, size, by_time) -> C
     try:
         count = len(found.stage_to_rank(pp))
         placement = found.placement
-        key = (count, placement, pp)
+        key = (count, placement, pp, source)
         if key not in by_time:
             by_time[key] = partition(profile, count, placement=placement, pp=pp).stages
         parts = by_time[key]

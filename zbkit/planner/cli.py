@@ -3,8 +3,10 @@
 MODEL is one of:
 - `module:function`: a function (importable from the working directory) returning
   `(layers, sample)` or `(layers, sample, loss_fn)`, the sample one microbatch (with its
-  targets where there is a loss): profiled here (`planner.profile`), and with `--check` the
-  plan's top three run on gloo ranks (`planner.check`) on a batch of the sample repeated;
+  targets where there is a loss): profiled here (`planner.profile`) at every microbatch
+  size the plan considers (the sample repeated or cut to it), the wire measured for each
+  pipeline degree (`planner.wire`), and with `--check` the plan's top three run on gloo
+  ranks (`planner.check`) on a batch of the sample repeated;
 - a saved profile (`Profile.save`'s JSON);
 - a Hugging Face `config.json` (or any JSON of a decoder's shape): profiled from its closed
   forms (`planner.profile_transformer`) with `--microbatch`, `--seq`, `--dtype`,
@@ -30,7 +32,7 @@ import cloudpickle
 import torch
 
 from zbkit.planner.check import Check, check
-from zbkit.planner.choose import Plan, degrees, parse_bytes, plan
+from zbkit.planner.choose import Plan, degrees, parse_bytes, plan, profile_sizes
 from zbkit.planner.profile import Profile, profile
 from zbkit.planner.transformer import profile_transformer
 from zbkit.planner.wire import Wire, wire
@@ -94,7 +96,7 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     """The profile (and the layers, sample and loss where the model is code)."""
     text = args.model
     if ":" in text and not Path(text).exists():
-        made = _from_code(text)
+        made = _from_code(text, args)
         if not args.no_wire:
             made["wire"] = _wires(made["profile"], args)
         return made
@@ -117,7 +119,7 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     return {"profile": prof}
 
 
-def _from_code(text: str) -> dict[str, Any]:
+def _from_code(text: str, args: argparse.Namespace) -> dict[str, Any]:
     module_name, _, function_name = text.partition(":")
     sys.path.insert(0, os.getcwd())  # as `python -m` does: the user's own modules
     try:
@@ -139,16 +141,21 @@ def _from_code(text: str) -> dict[str, Any]:
         )
     layers, sample, loss_fn = (*made, None) if len(made) == 2 else made
     layers = list(layers)
-    say(f"profiling {len(layers)} layers of {text}")
-    prof = profile(layers, sample, loss_fn=loss_fn)
-    return {"profile": prof, "layers": layers, "sample": sample, "loss_fn": loss_fn}
+    first = profile(layers, sample, loss_fn=loss_fn, repeats=1)  # its degrees and sizes
+    sizes = profile_sizes(args.batch, args.world, first, args.dp, args.max_microbatches)
+    say(f"profiling {len(layers)} layers of {text} at microbatch sizes "
+        + ", ".join(map(str, sizes)))  # fmt: skip
+    # no size (a batch no count divides): `plan` says so, on the first profile
+    profiles = {n: profile(layers, _rows(sample, n), loss_fn=loss_fn) for n in sizes} or first
+    return {"profile": profiles, "layers": layers, "sample": sample, "loss_fn": loss_fn}
 
 
-def _wires(prof: Profile, args: argparse.Namespace) -> dict[int, Wire]:
+def _wires(profiles: dict[int, Profile] | Profile, args: argparse.Namespace) -> dict[int, Wire]:
     """The wire and the runtime measured for each pipeline degree the plan considers."""
     parse_bytes(args.memory)  # a bad budget said before the ranks start
     out = {}
-    for pp in degrees(prof, args.world, args.dp):
+    one = profiles if isinstance(profiles, Profile) else next(iter(profiles.values()))
+    for pp in degrees(one, args.world, args.dp):
         say(f"measuring the wire and the runtime on {pp} ranks")
         out[pp] = wire(pp=pp)
     return out
@@ -159,7 +166,7 @@ def _check(args: argparse.Namespace, made: dict[str, Any], found: Plan) -> Check
         return None
     if made.get("loss_fn") is None:
         raise ValueError("--check trains the model: return (layers, sample, loss_fn)")
-    batch = _repeated(made["sample"], args.batch)
+    batch = _rows(made["sample"], args.batch)
     progress: Callable[[str], None] = say
     started = time.perf_counter()
     checked = check(found, made["layers"], batch, loss_fn=made["loss_fn"], progress=progress)
@@ -167,18 +174,16 @@ def _check(args: argparse.Namespace, made: dict[str, Any], found: Plan) -> Check
     return checked
 
 
-def _repeated(sample: Any, rows: int) -> Any:
-    """`sample` repeated along dim 0 to `rows` (the batch `check` runs, for time and bytes)."""
+def _rows(sample: Any, rows: int) -> Any:
+    """`sample` repeated along dim 0 and cut to `rows` (a microbatch of that size, or the
+    batch `check` runs, for its seconds and bytes)."""
     if isinstance(sample, torch.Tensor):
-        if rows % sample.shape[0]:
-            raise ValueError(
-                f"--batch {rows} is not a whole number of the sample's {sample.shape[0]} rows"
-            )
-        return sample.repeat(rows // sample.shape[0], *[1] * (sample.dim() - 1))
+        times = -(-rows // sample.shape[0])
+        return sample.repeat(times, *[1] * (sample.dim() - 1))[:rows]
     if isinstance(sample, dict):
-        return {k: _repeated(v, rows) for k, v in sample.items()}
+        return {k: _rows(v, rows) for k, v in sample.items()}
     if isinstance(sample, tuple | list):
-        return type(sample)(_repeated(v, rows) for v in sample)
+        return type(sample)(_rows(v, rows) for v in sample)
     return sample
 
 

@@ -55,22 +55,30 @@ class Partition:
         """The naive split's slowest rank over this one's (1.25: 25% faster)."""
         return max(self.naive_seconds) / self.slowest
 
+    @property
+    def _unit(self) -> tuple[str, float]:
+        """GiB where a rank holds 10 GiB or more, else MiB."""
+        return (
+            ("GiB", 2**30) if max(self.bytes + self.naive_bytes) >= 10 * 2**30 else ("MiB", 2**20)
+        )
+
     def __str__(self) -> str:
+        unit, scale = self._unit
         lines = [
             f"{self.placement} partition into {len(self.stages)} stages on "
             f"{len(self.seconds)} ranks: slowest rank {self.slowest * 1e3:.4g} ms per "
             f"microbatch, the equal-layers split's {max(self.naive_seconds) * 1e3:.4g} "
             f"({self.speedup:.2f}x)",
-            f"{'rank':>4}  {'layers':<16} {'ms':>8} {'MiB':>10}   {'equal layers':<16} "
-            f"{'ms':>8} {'MiB':>10}",
+            f"{'rank':>4}  {'layers':<16} {'ms':>8} {unit:>10}   {'equal layers':<16} "
+            f"{'ms':>8} {unit:>10}",
         ]
         for r in range(len(self.seconds)):
             mine = _spans(self.stages, self.stage_to_rank, r)
             theirs = _spans(self.naive, self.stage_to_rank, r)
             lines.append(
-                f"{r:>4}  {mine:<16} {self.seconds[r] * 1e3:>8.3f} {self.bytes[r] / 2**20:>10.1f}"
+                f"{r:>4}  {mine:<16} {self.seconds[r] * 1e3:>8.3f} {self.bytes[r] / scale:>10.1f}"
                 f"   {theirs:<16} {self.naive_seconds[r] * 1e3:>8.3f} "
-                f"{self.naive_bytes[r] / 2**20:>10.1f}"
+                f"{self.naive_bytes[r] / scale:>10.1f}"
             )
         return "\n".join(lines)
 
@@ -78,18 +86,19 @@ class Partition:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("rank", "layers", "ms", "MiB",
-                                                 "equal layers", "ms", "MiB"))  # fmt: skip
+        unit, scale = self._unit
+        head = "".join(f"<th>{h}</th>" for h in ("rank", "layers", "ms", unit,
+                                                 "equal layers", "ms", unit))  # fmt: skip
         rows = []
         for r in range(len(self.seconds)):
             cells = (
                 r,
                 _spans(self.stages, self.stage_to_rank, r),
                 f"{self.seconds[r] * 1e3:.3f}",
-                f"{self.bytes[r] / 2**20:.1f}",
+                f"{self.bytes[r] / scale:.1f}",
                 _spans(self.naive, self.stage_to_rank, r),
                 f"{self.naive_seconds[r] * 1e3:.3f}",
-                f"{self.naive_bytes[r] / 2**20:.1f}",
+                f"{self.naive_bytes[r] / scale:.1f}",
             )
             rows.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
         title = escape(str(self).splitlines()[0])
@@ -102,17 +111,18 @@ class Partition:
         import matplotlib.pyplot as plt
 
         ranks = range(len(self.seconds))
+        unit, per = self._unit
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 2.8))
-        for ax, ours, theirs, unit, scale in (
+        for ax, ours, theirs, label, scale in (
             (left, self.seconds, self.naive_seconds, "ms per microbatch", 1e3),
-            (right, self.bytes, self.naive_bytes, "MiB held", 2**-20),
+            (right, self.bytes, self.naive_bytes, f"{unit} held", 1 / per),
         ):
             ax.bar([r - 0.2 for r in ranks], [v * scale for v in theirs], 0.4,
                    color="#bbbbbb", label="equal layers")  # fmt: skip
             ax.bar([r + 0.2 for r in ranks], [v * scale for v in ours], 0.4,
                    color="#3b6ea8", label="balanced")  # fmt: skip
             ax.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
-            ax.set_ylabel(unit)
+            ax.set_ylabel(label)
         left.axhline(self.slowest * 1e3, color="#3b6ea8", lw=0.8, ls="--")
         left.legend(loc="lower right", fontsize=8)
         left.set_title(f"slowest rank {self.speedup:.2f}x faster balanced", fontsize=10)

@@ -327,7 +327,7 @@ class _Costs:
         moved = self._moved(act)
         # F: GPT-2's token and position embeddings before their sum; I: the output's gradient
         made = (t + self.s) * sh.hidden * d if sh.gpt2 else 0
-        return self._layer("0: _Embed", mats, 0, act, weight_state, (moved, moved, moved),
+        return self._layer("0: Embedding", mats, 0, act, weight_state, (moved, moved, moved),
                            extra=(made, t * sh.hidden * d, 0))  # fmt: skip
 
     def decoder(self, i: int, checkpointed: bool) -> LayerProfile:
@@ -342,7 +342,7 @@ class _Costs:
         if checkpointed:  # F keeps its output alone; I runs F again, holding all it saves
             extra[1] += act
             act, i_ = t * sh.hidden * d, i_ + f
-        return self._layer(f"{i + 1}: _Decoder", mats, self._norm_tensors(2), act, weight_state,
+        return self._layer(f"{i + 1}: DecoderLayer", mats, self._norm_tensors(2), act, weight_state,
                            (f, i_, w), extra=tuple(extra), norms=2)  # fmt: skip
 
     def norm(self, index: int) -> LayerProfile:
@@ -352,7 +352,7 @@ class _Costs:
         else:
             act, weight_state = t * self._rms(False), t * 2 * sh.hidden * d
         moved = self._moved(act)
-        return self._layer(f"{index}: _Norm", [], self._norm_tensors(1), act, weight_state,
+        return self._layer(f"{index}: FinalNorm", [], self._norm_tensors(1), act, weight_state,
                            (moved, moved, moved), extra=self._norm_extras(), norms=1)  # fmt: skip
 
     def head(self, index: int) -> LayerProfile:
@@ -361,7 +361,7 @@ class _Costs:
         logits = t * sh.vocab * d
         act = logits + t * sh.vocab * F32  # and the loss's float32 log-softmax
         f = mats[0].flops(t) / self.rate
-        layer = self._layer(f"{index}: _Head", mats, 0, act, logits, (f, f, f),
+        layer = self._layer(f"{index}: LMHead", mats, 0, act, logits, (f, f, f),
                             extra=(t * sh.vocab * F32 * (d != F32), 2 * t * sh.vocab * F32, 0),
                             output=logits)  # fmt: skip
         if not sh.tied:
