@@ -132,16 +132,19 @@ def _plan_targets(pps: list[int], device: torch.device, backend: str) -> None:
         layers = [layer.to(device) for layer in _model(2 * pp)]
         batch = _batch()
         prof = planner.profile(layers, (batch[0][:2], batch[1][:2]), loss_fn=_loss, repeats=5)
+        sizes = planner.profile_sizes(B, pp, prof)  # every microbatch size the plan considers
+        profiles = {n: planner.profile(layers, (batch[0][:n], batch[1][:n]), loss_fn=_loss)
+                    for n in sizes}  # fmt: skip
         for placement, count in (("linear", pp), ("v", 2 * pp)):
             part = planner.partition(prof, count, placement=placement, pp=pp)
             print(f"pp={pp} {part}".splitlines()[0])
         measured_wire = planner.wire(pp=pp, backend=backend)
-        roomy = planner.plan(prof, world=pp, global_batch=B, memory="1GB", wire=measured_wire,
+        roomy = planner.plan(profiles, world=pp, global_batch=B, memory="1GB", wire=measured_wire,
                              schedules=SCHEDULES)  # fmt: skip
         least = min(c.peak_bytes for c in roomy.candidates if c.prediction is not None)
         tight = (least + roomy.chosen.peak_bytes) // 2
         for label, budget in (("roomy", 10**9), ("tight", tight)):
-            chosen = planner.plan(prof, world=pp, global_batch=B, memory=budget,
+            chosen = planner.plan(profiles, world=pp, global_batch=B, memory=budget,
                                   wire=measured_wire, schedules=SCHEDULES)  # fmt: skip
             print(f"pp={pp} {label}: {str(chosen).splitlines()[0]}")
             checked = planner.check(chosen, layers, batch, loss_fn=_loss, top=3, steps=5,

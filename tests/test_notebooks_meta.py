@@ -22,6 +22,7 @@ EXPECTED = [
     "06_ddp_and_accumulation",
     "07_debugging",
     "08_torch_pipelining",
+    "09_plan_your_run",
 ]
 # notebooks that start a %zb_start cluster (08 uses launch(), whose ranks end with the call)
 MULTIPROCESS = {"05_running_pipelines", "06_ddp_and_accumulation", "07_debugging"}
@@ -38,9 +39,9 @@ def _ignored(cell: dict) -> bool:
     return "NBVAL_IGNORE_OUTPUT" in lines or IGNORE_TAG in cell["metadata"].get("tags", [])
 
 
-def test_the_eight_notebooks_and_nothing_else() -> None:
+def test_the_nine_notebooks_and_nothing_else() -> None:
     found = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
-    assert found == EXPECTED, f"notebooks/ holds {found}, issues 8 and 14 list {EXPECTED}"
+    assert found == EXPECTED, f"notebooks/ holds {found}, issues 8, 14 and 35 list {EXPECTED}"
 
 
 @pytest.mark.parametrize("name", EXPECTED)
