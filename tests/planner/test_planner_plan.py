@@ -268,11 +268,15 @@ def test_check_measures_the_top_candidates_each_its_own_program_and_stages():
     got = planner.plan(prof, world=2, global_batch=8, memory="1GB", schedules=["1f1b", "zb-h1"],
                        max_microbatches=4)  # fmt: skip
     lines = []
-    checked = planner.check(got, layers, batch, loss_fn=_loss, top=2, steps=2, warmup=2,
-                            progress=lines.append)  # fmt: skip
+    checked = planner.check(got, layers, batch, loss_fn=_loss, top=2, rounds=2, steps=2,
+                            warmup=2, progress=lines.append)  # fmt: skip
     assert checked.candidates == got.top(2)
-    assert lines == [f"measuring {i + 1} of 2: {c.schedule} pp=2 m={c.microbatches}"
-                     for i, c in enumerate(got.top(2))]  # fmt: skip
+    # two rounds, taking turns; each comparison against its candidate's fastest run
+    assert lines == [f"measuring {i + 1} of 4: {c.schedule} pp=2 m={c.microbatches}"
+                     for i, c in enumerate(got.top(2) * 2)]  # fmt: skip
+    for comp, runs in zip(checked.comparisons, checked.runs, strict=True):
+        assert len(runs) == 2
+        assert comp.measured is min(runs, key=lambda run: run.step_seconds)
     for cand, comp in zip(checked.candidates, checked.comparisons, strict=True):
         assert comp.prediction is cand.prediction
         assert comp.measured.program is cand.prediction.schedule
@@ -296,6 +300,8 @@ def test_check_refuses_what_it_cannot_run_before_starting_a_rank():
         planner.check(roomy, _model(), _batch(8)[0], loss_fn=_loss)
     with pytest.raises(ValueError, match="top must be an int >= 1"):
         planner.check(roomy, _model(), _batch(8), loss_fn=_loss, top=0)
+    with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+        planner.check(roomy, _model(), _batch(8), loss_fn=_loss, rounds=0)
     static = sum(x.param_bytes + x.grad_bytes + x.optimizer_bytes for x in prof.layers)
     none = planner.plan(prof, world=2, global_batch=8, memory=static // 2 + 1)
     assert none.chosen is None

@@ -20,7 +20,7 @@ from torch import nn
 
 from zbkit.planner.choose import Candidate, Plan
 from zbkit.planner.compare import Comparison, compare
-from zbkit.planner.measure import measure
+from zbkit.planner.measure import Measured, measure
 
 __all__ = ["Check", "check"]
 
@@ -30,7 +30,8 @@ class Check:
     """The top candidates, each predicted (`comparisons[i].prediction`) and measured."""
 
     candidates: list[Candidate]
-    comparisons: list[Comparison]
+    comparisons: list[Comparison]  # each against its candidate's fastest run
+    runs: list[list[Measured]]  # per candidate, every run (one per round)
 
     @property
     def measured_seconds(self) -> list[float]:
@@ -87,6 +88,7 @@ def check(
     *,
     loss_fn: Callable[..., torch.Tensor],
     top: int = 3,
+    rounds: int = 1,
     steps: int = 3,
     warmup: int = 3,
     backend: str = "gloo",
@@ -94,12 +96,14 @@ def check(
 ) -> Check:
     """Measure the `top` fastest candidates of `plan` that fit on `layers` (the model the
     plan's profile was taken of) over `batch`, the global batch `(inputs, targets)`, and
-    compare each with its prediction (module docstring). `progress` is called with a line
-    before each run."""
+    compare each with its prediction (module docstring). With `rounds` > 1 each candidate
+    is measured that many times, taking turns (a host's drift falls on all of them alike),
+    and its fastest run is kept. `progress` is called with a line before each run."""
     if not isinstance(plan, Plan):
         raise TypeError(f"check takes a planner.plan(...) result, got {type(plan).__name__}")
-    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
-        raise ValueError(f"check: top must be an int >= 1, got {top!r}")
+    for what, value in (("top", top), ("rounds", rounds)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"check: {what} must be an int >= 1, got {value!r}")
     chosen = plan.top(top)
     if not chosen:
         raise ValueError("check: nothing in the plan fits its memory, so there is nothing to run")
@@ -111,20 +115,29 @@ def check(
             f"check: the batch has {rows} rows but the plan is for a global batch of "
             f"{plan.global_batch}: give the batch the plan divided"
         )
-    comparisons = []
-    for i, cand in enumerate(chosen):
-        if progress is not None:
-            progress(f"measuring {i + 1} of {len(chosen)}: {cand.schedule} pp={cand.pp} "
-                     f"m={cand.microbatches}")  # fmt: skip
-        pred = cand.prediction
-        assert pred is not None  # top() holds candidates that were built
-        share = rows // cand.dp
-        replica = (_first(batch[0], share), _first(batch[1], share))
-        got = measure(layers, replica, pred.schedule, pp=cand.pp, microbatches=cand.microbatches,
-                      stages=pred.stages, loss_fn=loss_fn, optimizer=pred.profile.optimizer,
-                      steps=steps, warmup=warmup, backend=backend)  # fmt: skip
-        comparisons.append(compare(pred, got))
-    return Check(chosen, comparisons)
+    runs: list[list[Measured]] = [[] for _ in chosen]
+    for turn in range(rounds):
+        for i, cand in enumerate(chosen):
+            if progress is not None:
+                progress(f"measuring {turn * len(chosen) + i + 1} of {rounds * len(chosen)}: "
+                         f"{cand.schedule} pp={cand.pp} m={cand.microbatches}")  # fmt: skip
+            runs[i].append(_measure(cand, layers, batch, rows, loss_fn, steps, warmup, backend))
+    comparisons = [
+        compare(cand.prediction, min(got, key=lambda run: run.step_seconds))  # type: ignore[arg-type]
+        for cand, got in zip(chosen, runs, strict=True)
+    ]
+    return Check(chosen, comparisons, runs)
+
+
+def _measure(cand: Candidate, layers, batch, rows, loss_fn, steps, warmup, backend) -> Measured:
+    """One run of the candidate's own program and stages on one replica's share."""
+    pred = cand.prediction
+    assert pred is not None  # top() holds candidates that were built
+    share = rows // cand.dp
+    replica = (_first(batch[0], share), _first(batch[1], share))
+    return measure(layers, replica, pred.schedule, pp=cand.pp, microbatches=cand.microbatches,
+                   stages=pred.stages, loss_fn=loss_fn, optimizer=pred.profile.optimizer,
+                   steps=steps, warmup=warmup, backend=backend)  # fmt: skip
 
 
 def _rows(batch: Any) -> int:
