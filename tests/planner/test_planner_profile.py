@@ -3,6 +3,7 @@ the errors for what it cannot measure."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -167,3 +168,18 @@ def test_settle_keeps_freed_memory_for_reuse_where_glibc_would_hand_it_back(sett
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     kept = int(out.stdout.split()[-1])
     assert (kept >= 15) if settled else (kept <= 1), out.stdout
+
+
+def test_a_profile_prints_nothing_to_stderr():
+    """torch's Kineto prints a line per profiler start and stop unless its log level is
+    above them: a notebook cell that profiles shows no pages of them (a fresh process)."""
+    code = (
+        "import torch\nfrom zbkit import planner\n"
+        "planner.profile([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)], torch.randn(2, 8), "
+        "repeats=2)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "profiler_start" not in done.stderr and done.stderr.strip() == "", done.stderr[:500]

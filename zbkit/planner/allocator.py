@@ -5,11 +5,17 @@ none, but `torch.profiler` with ``profile_memory=True`` records every allocation
 with its bytes and time. `watch(fn)` runs `fn` under the profiler and returns those changes
 and the spans of the `torch.profiler.record_function` marks `fn` set, so a caller reads the
 bytes live at the end of each mark: the oracle the planner's byte counts are held to.
+
+Each profiler start and stop makes torch's Kineto print a `USDT: ... profiler_start` line to
+stderr; a profile runs hundreds, which bury a notebook cell's output. Importing this module
+sets `KINETO_LOG_LEVEL=6` (above Kineto's highest level, 5, USDT), unless it is set already:
+Kineto reads it when the process first profiles.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -19,6 +25,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 __all__ = ["Watched", "settle", "watch"]
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before the first profile (module docstring)
 
 
 @dataclass(frozen=True)

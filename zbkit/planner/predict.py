@@ -121,8 +121,9 @@ def plot_peaks(predictions: Sequence[Prediction], unit: str = "GB"):
     scale = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}.get(unit)
     if scale is None:
         raise ValueError(f"plot_peaks: unit is GB, GiB, MB or MiB, got {unit!r}")
-    fig, axes = plt.subplots(1, len(predictions), figsize=(min(3.2 * len(predictions), 12), 3),
-                             sharey=True, squeeze=False)  # fmt: skip
+    # at most 9.6 in (960 px at 100 dpi): JupyterLab's column shows it at its own size
+    width = min(2.3 * len(predictions) + 1.6, 9.6)
+    fig, axes = plt.subplots(1, len(predictions), figsize=(width, 3), sharey=True, squeeze=False)
     for ax, pred in zip(axes[0], predictions, strict=True):
         ranks = range(len(pred.ranks))
         bottom = [0.0] * len(pred.ranks)
