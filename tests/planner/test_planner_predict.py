@@ -224,3 +224,33 @@ def test_timing_picks_the_profiles_medians_or_its_fastest():
         assert pred.costs[0].W == 2 * seconds  # stage 0: its whole backward at W
     with pytest.raises(ValueError, match="timing is 'median' or 'fastest', got 'mean'"):
         planner.predict(prof, "1f1b", pp=2, microbatches=2, timing="mean")
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_a_stages_w_is_the_mean_of_its_first_and_its_adding_weight_passes(m):
+    """A step's first W makes the gradients, its m - 1 others add into them; the profile
+    times both, and a stage's W (stage 1: no whole backward folded in) is their mean."""
+    prof = _synthetic([3e-3] * 4)
+    slow = Timing(5e-3, 5e-3, 5e-3)
+    prof = replace(prof, layers=tuple(replace(x, weight_grad_accumulate=slow)
+                                      for x in prof.layers))  # fmt: skip
+    pred = planner.predict(prof, "1f1b", pp=2, microbatches=m, stages=[[0, 1], [2, 3]])
+    assert pred.costs[1].W == pytest.approx(2 * (1e-3 + (m - 1) * 5e-3) / m)
+    # stage 0's W is its whole backward: its I too, which adds into nothing
+    assert pred.costs[0].W == pytest.approx(2 * 1e-3 + 2 * (1e-3 + (m - 1) * 5e-3) / m)
+    # without it (a profile from before, or from closed forms): W as the first
+    plain = planner.predict(_synthetic([3e-3] * 4), "1f1b", pp=2, microbatches=m,
+                            stages=[[0, 1], [2, 3]])  # fmt: skip
+    assert plain.costs[1].W == pytest.approx(2e-3)
+
+
+def test_the_adding_weight_pass_is_profiled_and_saved(tmp_path):
+    torch.manual_seed(0)
+    layers = [nn.Linear(64, 64), nn.Linear(64, 64)]
+    prof = planner.profile(layers, torch.randn(4, 64), repeats=2)
+    assert all(x.weight_grad_accumulate is not None for x in prof.layers)
+    assert all(x.weight_grad_accumulate.fastest > 0 for x in prof.layers)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert planner.Profile.load(path) == prof
+    assert all(p.grad is None for layer in layers for p in layer.parameters())  # none left

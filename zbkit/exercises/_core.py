@@ -69,6 +69,9 @@ def exercise(key: str, asks: str) -> Callable[[Checker], Checker]:
 
 
 def _load() -> None:
+    """Import every notebook's module (each registers its exercises once; an import done
+    before, of one alone, as `from zbkit.exercises._nb09 import ...`, is no reason to skip
+    the others)."""
     for name in _MODULES:
         try:
             importlib.import_module(f"zbkit.exercises.{name}")
@@ -79,8 +82,7 @@ def _load() -> None:
 
 def all_exercises() -> dict[str, Exercise]:
     """Every notebook's exercises, by key ("01.1", ...), in key order."""
-    if not EXERCISES:
-        _load()
+    _load()
     return dict(sorted(EXERCISES.items()))
 
 
@@ -89,8 +91,7 @@ def check(key: str, answer: Any) -> Verdict:
 
     `answer=None` (the check cell as shipped) says what is asked instead of judging.
     """
-    if not EXERCISES:
-        _load()
+    _load()
     if key not in EXERCISES:
         known = ", ".join(sorted(EXERCISES)) or "none"
         raise KeyError(f"no exercise {key!r}; the exercises are: {known}")

@@ -387,6 +387,8 @@ def _scaled(profile: Profile, factor: float) -> Profile:
     for x in profile.layers:
         changes: dict[str, Any] = {k: int(getattr(x, k) * factor) for k in _PER_MICROBATCH}
         changes |= {k: _times(getattr(x, k), factor) for k in _TIMES}
+        if x.weight_grad_accumulate is not None:
+            changes["weight_grad_accumulate"] = _times(x.weight_grad_accumulate, factor)
         layers.append(replace(x, **changes))
     return replace(profile, layers=tuple(layers))
 

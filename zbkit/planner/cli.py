@@ -44,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="module:function returning (layers, sample[, loss_fn]); a saved profile (JSON); "
         "or an HF config.json",
     )
+    parser.add_argument("--schedules", nargs="+", help="default: every one but zb-opt")
     parser.add_argument("--world", type=int, required=True, help="devices in all")
     parser.add_argument("--memory", required=True, help="per device, e.g. 80GB or 24GiB")
     parser.add_argument("--batch", type=int, required=True, help="the global batch, in samples")
-    parser.add_argument("--schedules", nargs="+", help="default: every one but zb-opt")
     parser.add_argument("--dp", type=int, help="fix the data-parallel degree")
     parser.add_argument("--max-microbatches", type=int, default=64, help="default 64")
     parser.add_argument("--check", action="store_true",

@@ -187,7 +187,8 @@ def predict(
     parts = parts or balanced(profile, count)
     if wire is not None and (hop or overhead):
         raise ValueError("predict: give hop and overhead, or a measured wire, not both")
-    costs = [_stage_costs(profile, layers, hop, overhead, wire, timing) for layers in parts]
+    costs = [_stage_costs(profile, layers, hop, overhead, wire, timing, microbatches)
+             for layers in parts]  # fmt: skip
     built = _built(schedule, pp, microbatches, costs, options)
     crowding = wire.crowding if wire is not None else 1.0
     costs, sim = _crowded(built, costs, crowding)
@@ -265,16 +266,20 @@ def _work(layer) -> float:
 
 
 def _stage_costs(
-    profile: Profile, layers: range, hop: float, overhead: float, wire: Wire | None, timing: str
-) -> Costs:
+    profile: Profile, layers: range, hop: float, overhead: float, wire: Wire | None,
+    timing: str, m: int = 1,
+) -> Costs:  # fmt: skip
     """One stage's `Costs`. Stage 0 has no input gradient, so the runtime runs its whole
     backward at W: its I is the runtime's own cost alone, its W both halves, and what F
-    saved is held until W."""
+    saved is held until W. A step's first W makes the gradients and its other m - 1 add
+    into them: W is their mean (the simulator gives a stage one W)."""
     mine = [profile.layers[i] for i in layers]
     received = profile.layers[layers.start - 1].output_bytes if layers.start > 0 else 0
     if wire is not None:  # what it waits for: activations in, or its outputs' gradients
         hop, overhead = wire.hop(max(received, mine[-1].output_bytes)), wire.overhead
-    f, i, w = (sum(getattr(getattr(x, k), timing) for x in mine) for k in _COMPUTE)
+    f, i, first = (sum(getattr(getattr(x, k), timing) for x in mine) for k in _COMPUTE)
+    adding = sum(getattr(x.weight_grad_accumulate or x.weight_grad, timing) for x in mine)
+    w = (first + (m - 1) * adding) / m
     activations = float(sum(x.activation_bytes for x in mine))
     weight_state = float(sum(x.weight_state_bytes for x in mine))
     if layers.start == 0:

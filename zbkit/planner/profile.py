@@ -5,7 +5,8 @@ tuple or a dict), its input received detached, its backward split by zbkit's own
 `stage_backward_input` / `stage_backward_weight`. Per layer:
 
 - times: the median of `repeats` runs of F, I and W after one untimed run, and their
-  spread (fastest, slowest), the layers taking turns as in a pipeline (round by round);
+  spread (fastest, slowest), the layers taking turns as in a pipeline (round by round); and
+  W's where its gradients exist already (a step's later microbatches add into them);
 - bytes, read from torch's own allocator (`allocator.watch`): what F leaves held until I (the
   saved activations and the output, which a runtime keeps for the backward), what I leaves
   held until W, and the weight gradients W makes;
@@ -90,6 +91,10 @@ class LayerProfile:
     backward_extra_bytes: int = 0
     weight_grad_accumulate_extra_bytes: int = 0
     backward_accumulate_extra_bytes: int = 0
+    # W's seconds where the gradients exist already (a step's later microbatches add into
+    # `.grad`, reading and writing it: on a CPU a heavy layer's W takes longer); None: as
+    # `weight_grad`
+    weight_grad_accumulate: Timing | None = None
 
 
 _TIMINGS = ("forward", "input_grad", "weight_grad", "step")
@@ -121,6 +126,8 @@ class Profile:
         for layer in data.pop("layers"):
             for k in _TIMINGS:
                 layer[k] = Timing(**layer[k])
+            if layer.get("weight_grad_accumulate") is not None:
+                layer["weight_grad_accumulate"] = Timing(**layer["weight_grad_accumulate"])
             layer["shared"] = tuple(tuple(s) for s in layer.get("shared", ()))
             layers.append(LayerProfile(**layer))
         return cls(layers=tuple(layers), **data)
@@ -172,6 +179,7 @@ def profile(
             forward=Timing.of([t[0] for t in spans]),
             input_grad=Timing.of([t[1] for t in spans]),
             weight_grad=Timing.of([t[2] for t in spans]),
+            weight_grad_accumulate=Timing.of([t[3] for t in spans]),
             shared=_shared(mods, i, make_optimizer, device),
             **found,
         )
@@ -311,21 +319,24 @@ def _sync(device: torch.device) -> None:
 # ---- one layer ----------------------------------------------------------------------------
 
 
-def _timings(mods, feeds, losses, repeats: int, device) -> list[list[tuple[float, float, float]]]:
-    """Each layer's F, I and W seconds: `repeats` rounds over all the layers in turn, after
-    one untimed round (the split backward's analysis is made on the first). Round by round,
-    as a pipeline runs the other layers between two runs of one: a layer timed on its own
+def _timings(mods, feeds, losses, repeats: int, device) -> list[list[tuple[float, ...]]]:
+    """Each layer's F, I and W seconds, and W's again with its gradients there to add into
+    (a second step right after): `repeats` rounds over all the layers in turn, after one
+    untimed round (the split backward's analysis is made on the first). Round by round, as
+    a pipeline runs the other layers between two runs of one: a layer timed on its own
     again and again finds its weights still in the cache, and the run does not."""
     params = [[p for p in mod.parameters() if p.requires_grad] for mod in mods]
-    times: list[list[tuple[float, float, float]]] = [[] for _ in mods]
+    times: list[list[tuple[float, ...]]] = [[] for _ in mods]
     with _grads_put_back([p for ps in params for p in ps]):
         for round_ in range(-1, repeats):  # one untimed round first
             for i, (mod, given) in enumerate(zip(mods, feeds, strict=True)):
                 for p in params[i]:
                     p.grad = None
-                spans = _timed_step(mod, _received(given, i > 0), params[i], losses[i], device)
+                spans = _timed_step(mod, _received(given, i > 0), params[i], losses[i], device,
+                                    keep=True)  # fmt: skip
+                again = _timed_step(mod, _received(given, i > 0), params[i], losses[i], device)
                 if round_ >= 0:
-                    times[i].append(spans)
+                    times[i].append((*spans, again[2]))
     return times
 
 
@@ -412,7 +423,7 @@ def _step(mod, x, params, loss, mark: Callable[[str], Any], full: bool = False) 
         del pending
 
 
-def _timed_step(mod, x, params, loss, device) -> tuple[float, float, float]:
+def _timed_step(mod, x, params, loss, device, keep: bool = False) -> tuple[float, float, float]:
     spans: dict[str, float] = {}
 
     class Clock:
@@ -428,8 +439,9 @@ def _timed_step(mod, x, params, loss, device) -> tuple[float, float, float]:
             spans[self.name] = time.perf_counter() - self.start
 
     _step(mod, x, params, loss, Clock)
-    for p in params:
-        p.grad = None
+    if not keep:  # kept: the next step's W adds into them
+        for p in params:
+            p.grad = None
     return spans["zbkit.F"], spans["zbkit.I"], spans["zbkit.W"]
 
 
