@@ -162,6 +162,20 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, capsys, argv, message):
     assert err[-1].startswith("zbkit plan: ") and message in err[-1], err
 
 
+def test_a_saved_profile_with_data_parallelism_takes_the_bandwidth_given(saved, capsys):
+    argv = ["plan", str(saved), "--world", "4", "--memory", "1GB", "--batch", "8",
+            "--schedules", "1f1b", "--dp", "2", "--json"]  # fmt: skip
+    assert main(argv) == 2  # a measured profile has no bandwidth between replicas
+    assert "zbkit plan --bandwidth" in capsys.readouterr().err
+    assert main([*argv, "--bandwidth", "10GB/s"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = planner.plan(planner.Profile.load(saved), world=4, global_batch=8, memory="1GB",
+                        schedules=["1f1b"], dp=2, bandwidth=10e9)  # fmt: skip
+    assert got["chosen"]["step_seconds"] == pytest.approx(want.chosen.step_seconds)
+    assert [r["step_seconds"] for r in got["candidates"]] == pytest.approx(
+        [c.step_seconds for c in want.candidates])  # fmt: skip
+
+
 def test_check_needs_code_and_a_loss(saved, capsys):
     argv = ["plan", str(saved), "--world", "2", "--memory", "1GB", "--batch", "8", "--check"]
     assert main(argv) == 2

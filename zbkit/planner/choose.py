@@ -215,7 +215,8 @@ def plan(
         if replicas > 1 and speed is None and counts:
             raise ValueError(
                 f"plan: pp={pp} leaves dp={replicas} replicas, whose gradient all-reduce needs "
-                "the bandwidth between them: give bandwidth= (bytes/s), or a wire"
+                "the bandwidth between them: give bandwidth= (bytes/s; zbkit plan "
+                "--bandwidth), or a wire"
             )
         for m in counts:
             rows = global_batch // replicas // m

@@ -63,9 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="bfloat16", help="default bfloat16")
     group.add_argument("--tflops", type=float, default=400.0,
                        help="the device's dense TFLOP/s (default 400)")  # fmt: skip
-    group.add_argument("--bandwidth", default="50GB",
-                       help="bytes/s between replicas, e.g. 50GB (default 50GB)")  # fmt: skip
     group.add_argument("--checkpointing", default="none", choices=("none", "full"))
+    parser.add_argument("--bandwidth",
+                        help="bytes/s between data-parallel replicas, e.g. 50GB (default: a "
+                        "config's 50GB, a saved profile's own, a code model's measured "
+                        "wire)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -74,7 +76,8 @@ def main(args: argparse.Namespace) -> int:
         say(f"planning on {args.world} devices of {args.memory}, global batch {args.batch}")
         found = plan(made["profile"], world=args.world, global_batch=args.batch,
                      memory=args.memory, schedules=args.schedules, dp=args.dp,
-                     max_microbatches=args.max_microbatches, wire=made.get("wire"))  # fmt: skip
+                     max_microbatches=args.max_microbatches, wire=made.get("wire"),
+                     bandwidth=_bandwidth(args))  # fmt: skip
         checked = _check(args, made, found)
     except (ValueError, TypeError) as err:
         return _refuse(str(err).splitlines()[0])
@@ -112,11 +115,18 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     if isinstance(data, dict) and "layers" in data and "device" in data:
         return {"profile": Profile.from_json(path.read_text())}
     say(f"profiling {text} from its shape")
-    bandwidth = parse_bytes(args.bandwidth.removesuffix("/s"), "--bandwidth")
+    bandwidth = _bandwidth(args) or 50e9  # a config's default: 50 GB/s between replicas
     prof = profile_transformer(path, microbatch=args.microbatch, seq=args.seq, dtype=args.dtype,
                                device_tflops=args.tflops, bandwidth=bandwidth,
                                checkpointing=args.checkpointing)  # fmt: skip
     return {"profile": prof}
+
+
+def _bandwidth(args: argparse.Namespace) -> float | None:
+    """--bandwidth in bytes/s ("50GB" or "50GB/s"), None where not given."""
+    if args.bandwidth is None:
+        return None
+    return float(parse_bytes(args.bandwidth.removesuffix("/s"), "--bandwidth"))
 
 
 def _from_code(text: str, args: argparse.Namespace) -> dict[str, Any]:
