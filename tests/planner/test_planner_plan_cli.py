@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
 from zbkit import planner
 from zbkit.cli import main
@@ -40,15 +38,6 @@ def build():
 def not_a_model():
     return 3
 """
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    layers = [nn.Linear(64, 64) for _ in range(6)]
-    path = tmp_path_factory.mktemp("profile") / "profile.json"
-    planner.profile(layers, torch.randn(4, 64), repeats=1).save(path)
-    return path
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from torch import nn
 from zbkit.planner.choose import Candidate, Plan
 from zbkit.planner.compare import Comparison, compare
 from zbkit.planner.measure import Measured, measure
+from zbkit.planner.profile import map_tensors
 
 __all__ = ["Check", "check"]
 
@@ -134,7 +135,7 @@ def _measure(cand: Candidate, layers, batch, rows, loss_fn, steps, warmup, backe
     pred = cand.prediction
     assert pred is not None  # top() holds candidates that were built
     share = rows // cand.dp
-    replica = (_first(batch[0], share), _first(batch[1], share))
+    replica = tuple(map_tensors(lambda t: t[:share], x) for x in batch)
     return measure(layers, replica, pred.schedule, pp=cand.pp, microbatches=cand.microbatches,
                    stages=pred.stages, loss_fn=loss_fn, optimizer=pred.profile.optimizer,
                    steps=steps, warmup=warmup, backend=backend)  # fmt: skip
@@ -147,14 +148,3 @@ def _rows(batch: Any) -> int:
     if not isinstance(inputs, torch.Tensor):
         raise ValueError("check: the batch's inputs hold no tensor to count rows in")
     return int(inputs.shape[0])
-
-
-def _first(value: Any, rows: int) -> Any:
-    """The first `rows` of every tensor in `value` (a tensor, tuple, list or dict)."""
-    if isinstance(value, torch.Tensor):
-        return value[:rows]
-    if isinstance(value, dict):
-        return {k: _first(v, rows) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return type(value)(_first(v, rows) for v in value)
-    return value

@@ -29,7 +29,7 @@ from html import escape
 from typing import Any
 
 from zbkit.planner.partition import partition
-from zbkit.planner.predict import Prediction, predict
+from zbkit.planner.predict import Prediction, _span, predict
 from zbkit.planner.profile import Profile, Timing
 from zbkit.planner.wire import Wire
 from zbkit.schedules import SCHEDULES
@@ -111,10 +111,6 @@ class Plan:
     def _repr_html_(self) -> str:
         first, *rest = self.summary(20).splitlines()
         return f"<p>{escape(first)}</p><pre>{escape(chr(10).join(rest))}</pre>"
-
-
-def _span(layers: range) -> str:
-    return f"{layers.start}-{layers.stop - 1}" if len(layers) > 1 else str(layers.start)
 
 
 def _table(candidates: list[Candidate]) -> str:

@@ -32,8 +32,15 @@ import cloudpickle
 import torch
 
 from zbkit.planner.check import Check, check
-from zbkit.planner.choose import Plan, degrees, parse_bytes, plan, profile_sizes
-from zbkit.planner.profile import Profile, profile
+from zbkit.planner.choose import (
+    Plan,
+    _microbatch_size,
+    degrees,
+    parse_bytes,
+    plan,
+    profile_sizes,
+)
+from zbkit.planner.profile import Profile, map_tensors, profile
 from zbkit.planner.transformer import profile_transformer
 from zbkit.planner.wire import Wire, wire
 
@@ -151,12 +158,16 @@ def _from_code(text: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     layers, sample, loss_fn = (*made, None) if len(made) == 2 else made
     layers = list(layers)
-    first = profile(layers, sample, loss_fn=loss_fn, repeats=1)  # its degrees and sizes
+    say(f"profiling {len(layers)} layers of {text}")
+    first = profile(layers, sample, loss_fn=loss_fn)  # the sample's own size, kept below
+    own = _microbatch_size(first)
     sizes = profile_sizes(args.batch, args.world, first, args.dp, args.max_microbatches)
     say(f"profiling {len(layers)} layers of {text} at microbatch sizes "
         + ", ".join(map(str, sizes)))  # fmt: skip
     # no size (a batch no count divides): `plan` says so, on the first profile
-    profiles = {n: profile(layers, _rows(sample, n), loss_fn=loss_fn) for n in sizes} or first
+    profiles = {
+        n: first if n == own else profile(layers, _rows(sample, n), loss_fn=loss_fn) for n in sizes
+    } or first
     return {"profile": profiles, "layers": layers, "sample": sample, "loss_fn": loss_fn}
 
 
@@ -187,14 +198,11 @@ def _check(args: argparse.Namespace, made: dict[str, Any], found: Plan) -> Check
 def _rows(sample: Any, rows: int) -> Any:
     """`sample` repeated along dim 0 and cut to `rows` (a microbatch of that size, or the
     batch `check` runs, for its seconds and bytes)."""
-    if isinstance(sample, torch.Tensor):
-        times = -(-rows // sample.shape[0])
-        return sample.repeat(times, *[1] * (sample.dim() - 1))[:rows]
-    if isinstance(sample, dict):
-        return {k: _rows(v, rows) for k, v in sample.items()}
-    if isinstance(sample, tuple | list):
-        return type(sample)(_rows(v, rows) for v in sample)
-    return sample
+
+    def tiled(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat(-(-rows // t.shape[0]), *[1] * (t.dim() - 1))[:rows]
+
+    return map_tensors(tiled, sample)
 
 
 def _as_text(found: Plan, checked: Check | None) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from zbkit.parallel.process_group import group_device
 from zbkit.pipeline import PipelineStage, ScheduleRunner
 from zbkit.planner.allocator import settle, watch
 from zbkit.planner.predict import stage_ranges
-from zbkit.planner.profile import OPTIMIZERS, feed, tensor_bytes
+from zbkit.planner.profile import OPTIMIZERS, feed, map_tensors, tensor_bytes
 from zbkit.schedules import Schedule, build_schedule
 
 __all__ = ["Chain", "Measured", "RankMeasured", "measure"]
@@ -187,7 +187,7 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps, warmup):
 
 def _stepper(runner: ScheduleRunner, opt: torch.optim.Optimizer, batch, device):
     """One training step: the schedule, the optimizer's step, the gradients let go."""
-    inputs, targets = (_to(x, device) for x in batch)
+    inputs, targets = (map_tensors(lambda t: t.to(device), x) for x in batch)
 
     def step() -> None:
         runner.step(inputs, targets=targets)
@@ -195,13 +195,3 @@ def _stepper(runner: ScheduleRunner, opt: torch.optim.Optimizer, batch, device):
         opt.zero_grad(set_to_none=True)
 
     return step
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, Mapping):
-        return {k: _to(v, device) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return type(value)(_to(v, device) for v in value)
-    return value

@@ -24,6 +24,7 @@ from functools import cache
 from html import escape
 from itertools import accumulate
 
+from zbkit.planner.predict import _span
 from zbkit.planner.profile import Profile
 
 __all__ = ["PLACEMENTS", "Partition", "partition"]
@@ -134,10 +135,6 @@ class Partition:
 
 def _spans(stages: list[range], where: list[int], rank: int) -> str:
     return " + ".join(_span(p) for s, p in enumerate(stages) if where[s] == rank)
-
-
-def _span(layers: range) -> str:
-    return f"{layers.start}-{layers.stop - 1}" if len(layers) > 1 else str(layers.start)
 
 
 def stage_to_rank(placement: str, stages: int, pp: int | None = None) -> list[int]:

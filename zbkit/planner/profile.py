@@ -255,6 +255,18 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """`value` (a tensor, or a dict, tuple or list of them, nested) with `fn` applied to
+    each tensor; anything else kept as it is."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {k: map_tensors(fn, v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(map_tensors(fn, v) for v in value)
+    return value
+
+
 def _check_device(what: str, value: Any, device: torch.device) -> None:
     for t in _tensors(value):
         if t.device != device:
