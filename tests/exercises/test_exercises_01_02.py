@@ -87,6 +87,7 @@ def test_01_1_the_nodes_the_skip_adds_to_the_closure():
     already = {labels[n] for n in _closure(skip, x) if n.name() == "AddmmBackward0"}
     right, why = _judged("01.1", joined | already)
     assert right is False and all(a in why for a in already) and "before the skip" in why
+    assert "new path" in why
     right, why = _judged("01.1", set(sorted(joined)[:1]))
     assert right is False and "1 more node joins" in why
 
@@ -103,7 +104,9 @@ def test_01_2_the_frozen_graph_loses_its_frozen_nodes():
     right, why = _judged("01.2", before)
     assert right is False and "forward" in why
     right, why = _judged("01.2", before - 2)  # only the two AccumulateGrad nodes removed
-    assert right is False and "one more node" in why
+    assert right is False and "one more node" in why and "not recorded" in why
+    right, why = _judged("01.2", after - 1)
+    assert right is False and "x still requires grad" in why
     assert _judged("01.2", str(after))[0] is False
 
 
@@ -116,7 +119,9 @@ def test_01_3_a_stage_fed_by_data_has_an_empty_closure():
     right, why = _judged("01.3", size)
     assert right is True and "I pass has nothing to compute" in why
     right, why = _judged("01.3", with_grad)
-    assert right is False and "while x requires grad" in why
+    assert right is False and "while x requires grad" in why and "no node" in why
+    right, why = _judged("01.3", with_grad + 1)
+    assert right is False and "needs no gradient" in why
 
 
 def test_01_4_the_ops_only_w_runs_in_the_block():

@@ -70,14 +70,21 @@ def skip_joins_the_closure(answer: Any) -> tuple[bool, str]:
         )
     already = sorted(meant & _closure(plain))
     if already:
-        return False, f"{', '.join(already)}: in the closure before the skip; name only newcomers"
+        return False, (
+            f"{', '.join(already)}: in the closure before the skip (x already reached the output "
+            "through them); name only the nodes on x's new path"
+        )
     outside = sorted(meant - _closure(skip))
     if outside:
-        return False, f"{', '.join(outside)}: only on a parameter's path, not in the closure"
+        return False, (
+            f"{', '.join(outside)}: only on a parameter's path; x.grad never passes through it, "
+            "so it stays outside the closure"
+        )
     missing = len(joined - meant)
     return False, (
-        f"{missing} more {'node joins' if missing == 1 else 'nodes join'}: follow x's new path "
-        "op by op, from `x @ ones` to the `+` that meets the MLP's output"
+        f"{missing} more {'node joins' if missing == 1 else 'nodes join'}: every op on a path "
+        "from x to the output is in the closure; follow x's new path op by op, from `x @ ones` "
+        "to the `+` that meets the MLP's output"
     )
 
 
@@ -102,10 +109,20 @@ def frozen_graph_size(answer: Any) -> tuple[bool, str]:
             "so run the stage again after freezing, then analyse"
         )
     if answer == before - len(frozen.frozen_params):
-        return False, "both AccumulateGrad nodes are gone, yes; one more node served only 0.weight"
+        return False, (
+            "both AccumulateGrad nodes are gone, yes; but an op whose inputs all need no gradient "
+            "is not recorded either, and one more node served only 0.weight"
+        )
     if answer < after:
-        return False, "too few: the input's path and the second layer are still all there"
-    return False, f"{answer} is not it: print(analysis) starts with the count"
+        return False, (
+            "too few: x still requires grad, so every op on its path is still recorded, and the "
+            "second layer's parameters still need their nodes"
+        )
+    return False, (
+        f"{answer} is not it: freezing removes only what served the frozen parameters alone "
+        "(their AccumulateGrad nodes and ops fed by them only); print(analysis) starts with "
+        "the count"
+    )
 
 
 @exercise("01.3", "the number of nodes in the input closure of a stage fed by data (an int)")
@@ -123,8 +140,14 @@ def first_stage_closure(answer: Any) -> tuple[bool, str]:
             f"{sum(len(g.param_names) for g in first.groups)} parameters."
         )
     if answer == len(plain.input_closure):
-        return False, f"{answer} is the closure while x requires grad; the walk starts at x's node"
-    return False, "the closure starts at the input's node and follows its users: is there one?"
+        return False, (
+            f"{answer} is the closure while x requires grad; the walk starts at the input's node, "
+            "and a tensor that needs no gradient gets no node"
+        )
+    return False, (
+        "the closure is what the input's gradient needs; data needs no gradient, so autograd "
+        "gives it no node to start the walk from"
+    )
 
 
 @exercise("01.4", "the set of op names W runs that I never runs, apart from the parameters")
@@ -147,9 +170,17 @@ def ops_only_w_runs(answer: Any) -> tuple[bool, str]:
             "free of W; W also re-enters each split point for its weight half, a node I runs too."
         )
     if got & ({p.lower() for p in params} | {"accumulategrad", "torch::autograd::accumulategrad"}):
-        return False, "leave the parameters' own nodes (AccumulateGrad) out: name the ops"
+        return False, (
+            "leave the parameters' own nodes (AccumulateGrad) out: they are where W ends, "
+            "the question asks for the ops W runs on the way"
+        )
     closure_ops = {op_name(a.labels[n]): a.labels[n].split("#")[0] for n in a.input_closure}
     in_i = sorted(closure_ops[g] for g in got if g in closure_ops)
     if in_i:
-        return False, f"{', '.join(in_i)}: in the input closure, so I runs it"
-    return False, "list the nodes outside block_analysis.input_closure and keep the ops"
+        return False, (
+            f"{', '.join(in_i)}: in the input closure (on h's path to the output), so I runs it"
+        )
+    return False, (
+        "W alone runs the ops that lie only on parameters' paths, outside the input closure: "
+        "some are missing; list the nodes outside block_analysis.input_closure and keep the ops"
+    )
