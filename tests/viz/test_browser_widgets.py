@@ -11,125 +11,29 @@ for Python (dev extras). Never `playwright install`: it downloads a browser, whi
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from chromium import chromium, require_chromium
+from lab_server import JS_DONE, JS_READY, TOKEN, lab
 
 pytestmark = pytest.mark.browser
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 SHOTS = REPO / "screenshots" / "browser_widgets"
-TOKEN = "zbkit-browser-test"
 WIDGETS = ("zb-stepper", "zb-group-explorer", "zb-schedule-explorer", "zb-run-viewer")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _api(port: int, path: str, method: str = "GET") -> object:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        method=method,
-        headers={"Authorization": f"token {TOKEN}"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:  # a busy server answers late
-        body = resp.read()
-    return json.loads(body) if body else None
-
-
-def _start_lab(root: Path, port: int) -> subprocess.Popen:
-    home = root / ".jupyter-home"  # config, runtime, settings: all fresh, nothing shared
-    settings = home / "settings" / "@jupyterlab" / "notebook-extension"
-    settings.mkdir(parents=True)
-    # render every cell (no virtual scrolling), so the DOM holds every output
-    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
-    # no "get notified about Jupyter news?" toast over the outputs (and no network call)
-    toast = home / "settings" / "@jupyterlab" / "apputils-extension"
-    toast.mkdir(parents=True)
-    (toast / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env = dict(
-        os.environ,
-        JUPYTER_CONFIG_DIR=str(home / "config"),
-        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-        JUPYTER_DATA_DIR=str(home / "data"),
-        IPYTHONDIR=str(home / "ipython"),
-        OMP_NUM_THREADS="1",
-    )
-    cmd = [
-        sys.executable, "-m", "jupyterlab",
-        "--no-browser",
-        "--allow-root",  # the test machine runs as root
-        "--ip=127.0.0.1",
-        f"--port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={TOKEN}",
-        f"--ServerApp.root_dir={root}",
-        "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run commands by id
-        f"--LabApp.user_settings_dir={home / 'settings'}",
-        f"--LabApp.workspaces_dir={home / 'workspaces'}",
-        "--LabApp.news_url=None",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]  # fmt: skip
-    log = open(root / "jupyter.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    deadline = time.monotonic() + 120  # a loaded machine: JupyterLab's server starts slowly
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited: {(root / 'jupyter.log').read_text()[-2000:]}")
-        try:
-            _api(port, "/api/status")
-            return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError(f"jupyter lab did not answer in 120 s: {(root / 'jupyter.log').read_text()}")
-
-
-# JavaScript run in the page: the notebook panel, its kernel, its cells.
-_JS_READY = """() => {
-  const p = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  const k = p && p.sessionContext && p.sessionContext.session && p.sessionContext.session.kernel;
-  return !!(k && k.status === 'idle' && p.content && p.content.widgets.length > 0);
-}"""
-_JS_DONE = """() => {
-  const p = window.jupyterapp.shell.currentWidget;
-  const cells = p.content.widgets.filter(c => c.model.type === 'code');
-  return p.sessionContext.session.kernel.status === 'idle'
-      && cells.every(c => c.model.executionCount !== null);
-}"""
 
 
 def test_every_drawing_and_widget_renders_and_responds(tmp_path):
     require_chromium()
     shutil.copy(HERE / "browser_widgets.ipynb", tmp_path / "nb.ipynb")  # autosave hits a copy
     SHOTS.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    lab = _start_lab(tmp_path, port)
-    try:
-        for session in _api(port, "/api/sessions"):  # a kept kernel would skew the run
-            _api(port, f"/api/sessions/{session['id']}", method="DELETE")
+    with lab(tmp_path) as port:
         # tall: each widget fits whole
         with chromium(tmp_path / "chromium-profile", viewport={"width": 1400, "height": 2200}) as b:
             _drive(b.new_page(), port)
-    finally:
-        lab.terminate()
-        try:
-            lab.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            lab.kill()
     print(f"\nscreenshots in {SHOTS}")
 
 
@@ -155,13 +59,13 @@ def _drive(page, port: int) -> None:
     _within(
         "the notebook's kernel start",
         _LOAD_MS,
-        lambda: page.wait_for_function(_JS_READY, timeout=_LOAD_MS),
+        lambda: page.wait_for_function(JS_READY, timeout=_LOAD_MS),
     )
     page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
     _within(
         "running every cell",
         _RUN_MS,
-        lambda: page.wait_for_function(_JS_DONE, timeout=_RUN_MS, polling=500),
+        lambda: page.wait_for_function(JS_DONE, timeout=_RUN_MS, polling=500),
     )
     for cls in WIDGETS:
         page.locator(f".{cls}").first.wait_for(state="visible")

@@ -5,15 +5,25 @@ Every tutorial's exercises are registered here, one module per notebook (``_nb01
 (simulates the schedule, analyses the graph, reads the closed form) and compares, so the
 check stays true when the library changes. In the notebooks each exercise has a check cell
 (``answer = None`` until the learner fills it in) and a worked solution, hidden by default,
-that ends in the same ``check``.
+that ends in the same ``check``, run under the ``%%solution`` cell magic
+(``%load_ext zbkit.exercises``) so that its output stays folded after Run All too.
 """
 
 from __future__ import annotations
 
 from zbkit._public import public_dir
 from zbkit.exercises._core import EXERCISES, Exercise, Verdict, all_exercises, check, exercise
+from zbkit.exercises._fold import load_ipython_extension
 
-__all__ = ["EXERCISES", "Exercise", "Verdict", "all_exercises", "check", "exercise"]
+__all__ = [
+    "EXERCISES",
+    "Exercise",
+    "Verdict",
+    "all_exercises",
+    "check",
+    "exercise",
+    "load_ipython_extension",
+]
 
 
 def __dir__() -> list[str]:  # dir() and tab completion: __all__ and the loaded submodules
