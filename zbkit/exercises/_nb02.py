@@ -144,10 +144,19 @@ def naive_on_tied_weights(answer: Any) -> tuple[bool, str]:
     if unknown := sorted(got - names):
         return False, f"{', '.join(unknown)}: no such parameter; compare's rows name them"
     if extra := sorted(got - {n.lower() for n in wrong}):
-        return False, f"{', '.join(extra)}: the naive split gets this one right (compare says)"
+        return False, (
+            f"{', '.join(extra)}: the naive split gets this one right (compare says): it is used "
+            "once, so its one path is counted once"
+        )
     if not got:
-        return False, "the naive split does not survive: run compare on it and read its rows"
-    return False, "a gradient is missing: which weight does the model use twice?"
+        return False, (
+            "the naive split does not survive: a tied weight is used at the input and again at "
+            "the output, two uses along one path as in Twice; run compare on it and read its rows"
+        )
+    return False, (
+        "a gradient is missing: a weight used twice along one path has its inner use counted "
+        "twice by the naive W; which weight does the model use twice?"
+    )
 
 
 _GRAPHS = {"twice": Twice, "gate": Gate}
@@ -176,8 +185,9 @@ def per_output_fixes(answer: Any) -> tuple[bool, str]:
             "twice), not how a node's gradients are fed in."
         )
     return False, (
-        f"with the change, compare({got.capitalize()}) still says WRONG: which of the two faults "
-        "is about a node with several outputs?"
+        f"with the change, compare({got.capitalize()}) still says WRONG: the change only feeds "
+        "each output of a split node its own gradient, it does not change where W starts; "
+        "which of the two faults is about a node with several outputs?"
     )
 
 
@@ -206,7 +216,10 @@ def filled_after_i(answer: Any) -> tuple[bool, str]:
         return False, f"{', '.join(unknown)}: no such row; the table names {', '.join(rows)}"
     if early := sorted(got - filled):
         return False, f"{', '.join(early)}: still empty after I, which leaves every parameter to W"
-    return False, "I exists to fill one row at once: which one does the previous stage wait for?"
+    return False, (
+        "I runs the input closure only, to hand one gradient back at once: which one does the "
+        "previous stage wait for?"
+    )
 
 
 @exercise("02.4", "the index (an int) of the parameter group holding the most numbers")
@@ -234,6 +247,7 @@ def biggest_group(answer: Any) -> tuple[bool, str]:
     if not 0 <= answer < len(numbers):
         return False, f"there are {len(numbers)} groups, 0 to {len(numbers) - 1}"
     return False, (
-        f"group {answer} holds {numbers[answer]} numbers; another holds more: multiply out "
-        "each weight's and bias's shape"
+        f"group {answer} holds {numbers[answer]} numbers; another holds more. A group's size "
+        "is the sum of its weights' and biases' sizes, and a transformer's MLP is wider than "
+        "its attention: multiply out each shape"
     )
