@@ -95,6 +95,8 @@ def test_06_1_small_buckets_after_the_first_backward():
     assert right is False and "first backward only" in why
     right, why = _judged("06.1", 4)  # one per parameter
     assert right is False and "not one per parameter" in why
+    right, why = _judged("06.1", len(buckets[1]) + 5)
+    assert right is False and "one all-reduce per bucket" in why
 
 
 def test_06_2_the_windows_that_leave_rank_0_alone_in_an_all_reduce():
@@ -104,7 +106,7 @@ def test_06_2_the_windows_that_leave_rank_0_alone_in_an_all_reduce():
     right, why = _judged("06.2", sorted(hang))  # a list is a reasonable form
     assert right is True
     right, why = _judged("06.2", {1})
-    assert right is False and f"k={min(hang - {1})} hangs too" in why
+    assert right is False and f"k={min(hang - {1})} hangs too" in why and "no partner" in why
     right, why = _judged("06.2", hang | {4})
     assert right is False and "k=4 does not hang" in why
     right, why = _judged("06.2", "1, 3")
@@ -118,7 +120,9 @@ def test_06_3_the_scheduler_steps_once_per_window():
     right, why = _judged("06.3", 10)
     assert right is False and "sync_gradients" in why
     right, why = _judged("06.3", 2)
-    assert right is False and "short last window" in why
+    assert right is False and "short last window" in why and "synchronises" in why
+    right, why = _judged("06.3", steps + 3)
+    assert right is False and "once per window" in why
 
 
 def test_06_4_bytes_per_rank_do_not_depend_on_the_ranks():

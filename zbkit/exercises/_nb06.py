@@ -86,7 +86,11 @@ def small_buckets(answer: Any) -> tuple[bool, str]:
             "not one per parameter: a bucket takes gradients until it holds at least "
             f"bucket_cap_mb ({cap} bytes), then the next one starts"
         )
-    return False, "print backend.comm_stats.per_backward after training with bucket_cap_mb=0.0001"
+    return False, (
+        f"DDP closes a bucket once it holds at least bucket_cap_mb ({cap} bytes) and starts the "
+        "next, one all-reduce per bucket: count the buckets the gradients make in the order "
+        "they become ready (print backend.comm_stats.per_backward to see them)"
+    )
 
 
 def as_ints(answer: Any) -> set[int] | None:
@@ -124,7 +128,10 @@ def uneven_epochs(answer: Any) -> tuple[bool, str]:
             "pair up (count each rank's windows: the last one may be shorter)"
         )
     k = missing[0]
-    return False, f"k={k} hangs too: rank 0 ends {steps[k][0]} windows, rank 1 only {steps[k][1]}"
+    return False, (
+        f"k={k} hangs too: rank 0 ends {steps[k][0]} windows, rank 1 only {steps[k][1]}, so "
+        "rank 0's last all-reduce has no partner"
+    )
 
 
 @exercise("06.3", "how many times (an int) the prepared scheduler steps in one epoch, k = 4")
@@ -145,10 +152,16 @@ def scheduler_steps(answer: Any) -> tuple[bool, str]:
             "backend.sync_gradients is True"
         )
     if answer == BATCHES // 4:
-        return False, "the short last window (2 micro-batches) is stepped too"
+        return False, (
+            "the short last window (2 micro-batches) is stepped too: it ends the epoch, so its "
+            "last micro-step synchronises like any window's, and the scheduler steps with it"
+        )
     if answer == 2 * steps:
         return False, "each rank steps its own scheduler once per window: no multiplying by ranks"
-    return False, "count the micro-steps on which backend.sync_gradients is True"
+    return False, (
+        "the prepared scheduler steps with the optimizer, once per window (on the micro-step "
+        "where backend.sync_gradients is True): count the windows of 10 micro-batches at k = 4"
+    )
 
 
 def gradient_bytes() -> int:
