@@ -297,6 +297,29 @@ def exited(pid):
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
+def test_out_stores_the_ranks_values_in_the_notebook_instead_of_showing_them(
+    capsys, live_children
+):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from zbkit.launch.magics import ZbMagics
+
+    shell = InteractiveShell.instance()
+    magics = ZbMagics(shell)
+    shell.register_magics(magics)
+    shell.run_line_magic("zb_start", "-n 2")
+    try:
+        capsys.readouterr()
+        shell.run_cell_magic("zb", "--out values", "x = {'rank': rank}\nx")
+        assert shell.user_ns["values"] == [{"rank": 0}, {"rank": 1}]  # data, in rank order
+        shell.run_cell_magic("zb", "--rank 1 --out last", "x['rank'] * 10")
+        assert shell.user_ns["last"] == [10]
+        assert capsys.readouterr().out == ""  # no "[rank k]" lines: nothing was shown
+    finally:
+        magics.cluster.close()
+    assert live_children() == []
+
+
 def test_a_rank_that_dies_between_calls_is_reported_by_the_next_one(capsys, live_children):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell

@@ -173,6 +173,7 @@ def zb_shell():
         ("zb_stop", "now", "%zb_stop takes no arguments, got 'now'"),
         ("zb_status", "-v", "%zb_status takes no arguments"),
         ("zb", "", "no cluster yet: start one with %zb_start -n 2"),
+        ("zb", "--out 1x", "%%zb --out takes a variable name, got '1x'"),
     ],
 )
 def test_magic_misuse_is_one_usage_line(zb_shell, magic, line, match, live_children):

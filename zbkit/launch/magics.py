@@ -3,6 +3,7 @@
     %load_ext zbkit
     %zb_start -n 4 [--backend gloo] [--timeout 60]
     %%zb [--rank 0,1] [--timeout 10]      <- the cell runs on those ranks (default: all)
+    %%zb --out traces                     <- the ranks' values, a list, into `traces` here
     %zb_status
     %zb_stop
 
@@ -10,6 +11,8 @@ The cluster lives on the magics object IPython keeps for this kernel (no module
 globals). The value of a cell's last expression is shown per rank; rich values (a
 graphviz graph, a matplotlib figure, anything with ``_repr_html_``) render as themselves,
 and a value that cannot be pickled shows as its display (``Cluster.exec(display=True)``).
+With ``--out NAME`` nothing is shown: the values, one per rank in rank order, are stored in
+the notebook's variable NAME, so a rank's result (a trace, a table) is used here as data.
 """
 
 from __future__ import annotations
@@ -87,19 +90,28 @@ class ZbMagics(Magics):
     @magic_arguments()
     @argument("--rank", default=None, help="comma-separated ranks to run on (default: all)")
     @argument("--timeout", type=float, default=None, help="seconds before showing stacks")
+    @argument("--out", default=None, help="store the ranks' values (a list) in this variable")
     @cell_magic
     def zb(self, line: str, cell: str) -> None:
-        """Run the cell on the cluster's ranks; show each rank's last-expression value."""
+        """Run the cell on the cluster's ranks; show each rank's last-expression value, or
+        store them (a list in rank order) in the notebook's variable named by --out."""
         args = parse_argstring(self.zb, line)
+        if args.out is not None and not args.out.isidentifier():
+            raise UsageError(f"%%zb --out takes a variable name, got {args.out!r}")
         cluster = self._running()
         ranks = _parse_ranks(args.rank)
-        try:
-            values = cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=True)
+        try:  # a value kept as data must travel as itself, not as its display
+            values = cluster.exec(
+                cell, ranks=ranks, timeout=args.timeout, display=args.out is None
+            )
         except KeyboardInterrupt as exc:  # this line alone, not the wait loop's frames
             quiet_interrupt(exc, "every rank was stopped; %zb_start to start again")
             raise
         except (TypeError, ValueError) as exc:  # bad --rank or --timeout: one line
             raise UsageError(f"%%zb: {exc}") from None
+        if args.out is not None:
+            self.shell.user_ns[args.out] = values
+            return
         for rank, value in zip(ranks or range(cluster.nprocs), values, strict=True):
             if value is None:
                 continue
