@@ -37,7 +37,12 @@ def test_09_2_the_choice_is_the_fastest_row_that_fits():
     assert check("09.2", want).right
     other = next(c.schedule for c in fitting if c.schedule != want)
     wrong = check("09.2", other)
-    assert not wrong.right and "chosen" in wrong.why
+    assert not wrong.right and "another schedule that fits is faster" in wrong.why
+    built = {c.schedule for c in found.candidates if c.prediction is not None}
+    too_big = sorted(built - {c.schedule for c in fitting})
+    assert too_big, "some schedule must not fit 40 GB, or the budget teaches nothing"
+    wrong = check("09.2", too_big[0])
+    assert not wrong.right and "ranks only what fits" in wrong.why
     assert "is not one of the schedules" in check("09.2", "zb-h3").why
 
 
@@ -47,5 +52,12 @@ def test_09_3_rank_0_holds_the_first_and_last_stage():
     held = [*part.stages[0], *part.stages[15]]  # a V: rank r holds stages r and 2p - 1 - r
     decoders = [i for i in held if prof.layers[i].name.endswith("DecoderLayer")]
     assert check("09.3", len(decoders)).right
+    # the why: one decoder more on another rank would be slower than rank 0 with both ends
+    one = prof.layers[1]
+    per_decoder = one.forward.median + one.input_grad.median + one.weight_grad.median
+    assert (len(decoders) + 1) * per_decoder > part.seconds[0] == part.slowest
+    why = check("09.3", len(decoders)).why
+    assert f"{(len(decoders) + 1) * per_decoder * 1e3:.1f} ms, slower still" in why
+    assert "taking a decoder off it" in check("09.3", len(decoders) - 1).why
     assert not check("09.3", len(held)).right  # the embedding and the head are not decoders
     assert not check("09.3", 2.0).right

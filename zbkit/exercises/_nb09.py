@@ -65,9 +65,16 @@ def plan_at_40gb(answer: Any) -> tuple[bool, str]:
     if not mine:
         return False, f"{name} was not built for these sizes: read its rows in the table"
     best = mine[0]
-    return False, (
-        f"{name}'s best row (pp={best.pp}, m={best.microbatches}) says {best.verdict!r}: the "
-        "plan takes the fastest that fits, so look at the row marked 'chosen'"
+    if best.peak_bytes > 40e9:
+        idea = (
+            "it holds more than 40 GB on its fullest rank, and the plan ranks only what fits: "
+            "a budget rules a schedule out by the activations and W state it keeps"
+        )
+    else:
+        idea = "it fits, but another schedule that fits is faster, and the plan takes the fastest"
+    return (
+        False,
+        f"{name}'s best row (pp={best.pp}, m={best.microbatches}) says {best.verdict!r}: {idea}",
     )
 
 
@@ -81,20 +88,36 @@ def v_rank_zero(answer: Any) -> tuple[bool, str]:
     want = len(decoders)
     if not is_count(answer):
         return False, f"give a whole number of decoder layers, such as 4; got {answer!r}"
-    others = [
-        sum(1 for s, r in enumerate(part.stage_to_rank) if r == k for i in part.stages[s])
-        for k in range(1, 8)
-    ]
-    head = prof.layers[last].forward.median / prof.layers[1].forward.median
+    decoders_of = [
+        sum(1 for s, r in enumerate(part.stage_to_rank) if r == k for i in part.stages[s]
+            if 1 <= i <= last - 2)
+        for k in range(8)
+    ]  # fmt: skip
+    one = prof.layers[1]  # a decoder layer's F + I + W, what a rank's time adds up
+    per_decoder = sum(t.median for t in (one.forward, one.input_grad, one.weight_grad))
+    head = prof.layers[last].forward.median / one.forward.median
     why = (
-        f"rank 0 holds stage 0 and stage 15, so the embedding and the head (the head's F "
-        f"alone is {head:.1f} decoder layers' worth); balanced per rank, it gets {want} "
-        f"decoder layers where each other rank gets {min(others)} to {max(others)} layers"
+        f"{want}: {_how_many(decoders_of.count(want))} hold {want} decoder layers of the "
+        f"{last - 2}. Rank 0 also holds the embedding and the head (the head's F alone "
+        f"is {head:.1f} decoder layers' worth), so it is the slowest at "
+        f"{part.seconds[0] * 1e3:.1f} ms; but moving a decoder off it would give another rank "
+        f"{want + 1}, {(want + 1) * per_decoder * 1e3:.1f} ms, slower still. The slowest rank "
+        "sets the pace"
     )
     if answer == want:
         return True, why
+    if answer < want:
+        return False, (
+            f"not {answer}: rank 0 holds both ends of the V, but taking a decoder off it puts "
+            "one more on another rank, which then becomes the slowest; count the layers in its "
+            "two stages (partition's stages and stage_to_rank), less the embedding, norm and head"
+        )
     return False, (
-        f"not {answer}. Rank 0 holds both ends of the V, and the balance is per rank: count "
-        "the layers in its two stages (partition's stages and stage_to_rank), less the "
-        "embedding, the final norm and the head"
+        f"not {answer}: the V balances time per rank, and rank 0's two stages already carry "
+        "the embedding and the head; count the layers in its two stages (partition's stages "
+        "and stage_to_rank), less the embedding, the final norm and the head"
     )
+
+
+def _how_many(ranks: int) -> str:
+    return "all 8 ranks" if ranks == 8 else f"{ranks} of the 8 ranks"
