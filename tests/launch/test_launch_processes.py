@@ -297,9 +297,7 @@ def exited(pid):
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def test_out_stores_the_ranks_values_in_the_notebook_instead_of_showing_them(
-    capsys, live_children
-):
+def test_out_stores_the_ranks_values_in_the_notebook_instead_of_showing_them(capsys, live_children):
     from IPython.core.interactiveshell import InteractiveShell
 
     from zbkit.launch.magics import ZbMagics

@@ -51,6 +51,11 @@ def test_each_rank_starts_with_its_parameters_and_state_and_peaks_above_them_wit
         assert rank.peak_bytes >= rank.start_bytes + params
         assert len(rank.samples) == 2 and rank.seconds > 0
     assert got.step_seconds == max(r.seconds for r in got.ranks)
+    # the last timed step's trace, every rank's: the program it ran, action for action
+    ran = {r: [f"{e.stage}{e.kind}{e.microbatch}" for e in got.trace.events if e.rank == r]
+           for r in (0, 1)}  # fmt: skip
+    assert ran == {r: [str(a) for a in got.program.program[r]] for r in (0, 1)}
+    assert 0 < got.trace.makespan <= got.step_seconds
 
 
 def test_what_cannot_be_measured_is_named_before_a_rank_starts():

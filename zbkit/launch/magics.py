@@ -101,15 +101,14 @@ class ZbMagics(Magics):
         cluster = self._running()
         ranks = _parse_ranks(args.rank)
         try:  # a value kept as data must travel as itself, not as its display
-            values = cluster.exec(
-                cell, ranks=ranks, timeout=args.timeout, display=args.out is None
-            )
+            values = cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=args.out is None)
         except KeyboardInterrupt as exc:  # this line alone, not the wait loop's frames
             quiet_interrupt(exc, "every rank was stopped; %zb_start to start again")
             raise
         except (TypeError, ValueError) as exc:  # bad --rank or --timeout: one line
             raise UsageError(f"%%zb: {exc}") from None
         if args.out is not None:
+            assert self.shell is not None  # a cell magic runs in a shell
             self.shell.user_ns[args.out] = values
             return
         for rank, value in zip(ranks or range(cluster.nprocs), values, strict=True):

@@ -8,7 +8,8 @@ allocator and `steps` more are timed: on CUDA `max_memory_allocated` after
 `reset_peak_memory_stats`; on the CPU the allocation and free events `torch.profiler`
 records (`allocator.watch`), on top of what was live when the step began: the parameters,
 counted from the tensors, and what the setup and the warm-up left allocated (the optimizer's
-state, the runtime's receive buffers), from the same events.
+state, the runtime's receive buffers), from the same events. The last timed step's trace,
+every rank's merged, comes back too (`Measured.trace`), to draw over the prediction.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch import nn
 
 from zbkit.launch import launch
 from zbkit.parallel.process_group import group_device
-from zbkit.pipeline import PipelineStage, ScheduleRunner
+from zbkit.pipeline import PipelineStage, ScheduleRunner, Trace
 from zbkit.planner.allocator import settle, watch
 from zbkit.planner.predict import stage_ranges
 from zbkit.planner.profile import OPTIMIZERS, feed, map_tensors, tensor_bytes
@@ -64,6 +65,7 @@ class Measured:
     ranks: list[RankMeasured]
     device: str  # what rank 0 ran on ("cpu", "cuda:0")
     program: Schedule  # what ran
+    trace: Trace | None = field(default=None, repr=False)  # the last timed step, every rank
 
     @property
     def step_seconds(self) -> float:
@@ -115,7 +117,7 @@ def measure(
     found = launch(_rank, mods, batch, built, parts, loss_fn, optimizer, steps, warmup,
                    nprocs=pp, backend=backend, timeout=timeout)  # fmt: skip
     ranks = [RankMeasured(*r[:4]) for r in found]
-    return Measured(built.name, parts, ranks, found[0][4], built)
+    return Measured(built.name, parts, ranks, found[0][4], built, found[0][5])
 
 
 def _parts(n: int, count: int, stages) -> list[range]:
@@ -182,7 +184,8 @@ def _rank(mods, batch, schedule, parts, loss_fn, optimizer, steps, warmup):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         samples.append(time.perf_counter() - start)
-    return peak, start_bytes, statistics.median(samples), tuple(samples), str(device)
+    trace = made["runner"].gather_trace()  # after the timing: a collective costs no sample
+    return peak, start_bytes, statistics.median(samples), tuple(samples), str(device), trace
 
 
 def _stepper(runner: ScheduleRunner, opt: torch.optim.Optimizer, batch, device):
