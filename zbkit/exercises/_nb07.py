@@ -81,7 +81,10 @@ def w_before_i(answer: Any) -> tuple[bool, str]:
     except ScheduleError as err:
         said = first_line(err)
     else:
-        return False, "validate accepts it: every W comes after its I. Move one W before its I"
+        return False, (
+            "validate accepts it: every W comes after its I, as it must (a W uses the output "
+            "gradient its I received). Move one W before its I"
+        )
     early = early_weights(s)
     if not early:
         return False, f"validate rejects it, but not for a W before its I: {said}"
@@ -138,10 +141,14 @@ def barrier_against_recv(answer: Any) -> tuple[bool, str]:
         )
     if list(calls.values()) == ["recv", "recv"]:
         return False, (
-            "both ranks wait in recv: that is the notebook's hang. Make rank 0 call "
-            "dist.barrier() instead of its recv"
+            "both ranks wait in recv: that is the notebook's hang, two receives and no send. "
+            "Make rank 0 call dist.barrier() instead of its recv, so the stacks end in "
+            "different calls"
         )
-    return False, f"the stacks show {shown}: rank 0 should wait in barrier and rank 1 in recv"
+    return False, (
+        f"the stacks show {shown}: a stack ends in the call its rank is blocked in, and the "
+        "exercise's hang has rank 0 blocked in barrier and rank 1 in recv"
+    )
 
 
 # ------------------------------------------------------------------ 07.3: a plain backward
@@ -224,10 +231,14 @@ def plain_backward_hides_it(answer: Any) -> tuple[bool, str]:
         )
     if got == split_wrong:
         return False, (
-            "that is the split backward (I then W); with out.backward(grad_out) in one pass, "
-            "which directions does needs_direction report?"
+            "that is the split backward (I then W), where W asks for WEIGHT alone. "
+            "out.backward(grad_out) asks for both directions in one pass: which branches of "
+            "the buggy backward run then?"
         )
-    return False, "replace the two split calls by out.backward(grad_out) and read the five rows"
+    return False, (
+        "the bug only matters in a pass that asks for one direction alone; replace the two "
+        "split calls by out.backward(grad_out) and read the five rows"
+    )
 
 
 # ------------------------------------------------------------------ 07.4: who is left waiting
@@ -276,4 +287,13 @@ def crash_on_rank_0(answer: Any) -> tuple[bool, str]:
             f"{got} only sends rank 0 a gradient, and a send does not wait for its receiver: "
             "rank 1 goes on until an action needs something from rank 0"
         )
-    return False, f"walk rank 1's row of the 1F1B grid: which action needs {ran[-1]}'s output?"
+    if got.kind == "F" and got.microbatch < waiting.microbatch:
+        return False, (
+            f"{got} ran: rank 0 sent stage 0's output for microbatch {got.microbatch} before "
+            f"it failed in {ran[-1]}. A stage-1 forward waits only for its own microbatch"
+        )
+    return False, (
+        f"rank 1 runs its row in order until an action needs something rank 0 never made; "
+        f"a stage-1 forward needs stage 0's output of its microbatch: which one needs "
+        f"{ran[-1]}'s?"
+    )
