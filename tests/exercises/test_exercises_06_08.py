@@ -309,7 +309,9 @@ def test_08_1_where_torchs_interleaved_program_parts_from_zbkits():
     right, why = _judged("08.1", str(first[0]))
     assert right is True and "both validate" in why
     right, why = _judged("08.1", str(first[1]))
-    assert right is False and "zbkit's action" in why
+    assert right is False and "zbkit's action" in why and "torch's side" in why
+    right, why = _judged("08.1", "0F0")
+    assert right is False and "first position" in why
 
 
 def test_08_2_what_overlap_saves_dualpipev():
@@ -322,7 +324,7 @@ def test_08_2_what_overlap_saves_dualpipev():
     right, why = _judged("08.2", (apart - overlapped) / apart)
     assert right is False and "fraction" in why
     right, why = _judged("08.2", apart)
-    assert right is False and "subtract" in why
+    assert right is False and "subtract" in why and "OVERLAP_F_B" in why
 
 
 def test_08_3_the_messages_of_one_zbv_step():
@@ -333,6 +335,8 @@ def test_08_3_the_messages_of_one_zbv_step():
     assert right is True and why.startswith(f"{sends}:")
     right, why = _judged("08.3", 2 * sends)
     assert right is False and "one side only" in why
+    right, why = _judged("08.3", sends + 1)
+    assert right is False and "one RECV on the other" in why
 
 
 def test_08_4_the_call_that_fails_on_a_view_output():
@@ -352,6 +356,8 @@ def test_08_4_the_call_that_fails_on_a_view_output():
     assert right is True
     right, why = _judged("08.4", "stage_backward_weight")
     assert right is False and "tied weights" in why
+    right, why = _judged("08.4", "backward")
+    assert right is False and "detaching" in why
 
 
 # ----------------------------------------------------------------- every exercise

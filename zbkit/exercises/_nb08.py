@@ -43,8 +43,14 @@ def interleaved_differs(answer: Any) -> tuple[bool, str]:
             "action for action)."
         )
     if str(got) == ours:
-        return False, f"{ours} is zbkit's action there; which one does torch run instead?"
-    return False, "print(compare_with_torch('interleaved-1f1b', pp=2, microbatches=2)) names it"
+        return False, (
+            f"{ours} is zbkit's action there: the two programs part at that position, and the "
+            "question asks for torch's side of it"
+        )
+    return False, (
+        "compare_with_torch walks both programs rank by rank and reports the first position "
+        "where they part: print(compare_with_torch('interleaved-1f1b', pp=2, microbatches=2))"
+    )
 
 
 @exercise("08.2", "the makespan DualPipeV saves (a number) with Costs(overlap=0.5) over overlap=0")
@@ -67,8 +73,9 @@ def overlap_saves(answer: Any) -> tuple[bool, str]:
     ):
         return False, "that is the saving as a fraction: give it in time units (makespans apart)"
     return False, (
-        "simulate it twice, simulate(dualpipe, Costs(overlap=0)) and Costs(overlap=0.5), and "
-        "subtract the makespans"
+        "overlap hides part of a forward behind a backward in each OVERLAP_F_B pair and "
+        "changes nothing else, so the saving is the difference of two makespans: simulate it "
+        "with Costs(overlap=0) and Costs(overlap=0.5), and subtract them"
     )
 
 
@@ -90,7 +97,10 @@ def zbv_messages(answer: Any) -> tuple[bool, str]:
         return False, "a send and its receive are one message: count one side only"
     if answer == len(sends) + 2 * zbv.microbatches:
         return False, "stages 1 and 2 share rank 1 (the V's turn): nothing crosses between them"
-    return False, "count the SEND ops in torch's lowered programs, zbv.row(0) and zbv.row(1)"
+    return False, (
+        "each message crossing the ranks is one SEND on one rank and one RECV on the other: "
+        "count the SEND ops in torch's lowered programs, zbv.row(0) and zbv.row(1)"
+    )
 
 
 class TiedView(nn.Module):
@@ -182,4 +192,8 @@ def view_output(answer: Any) -> tuple[bool, str]:
             f"{got} is where the tied weights fail (the notebook's error); with a view output "
             "torch's split fails one call earlier"
         )
-    return False, "call torch_stage.stage_backward_input, then stage_backward_weight: which raises?"
+    return False, (
+        "give one of torch's two calls: stage_backward_input or stage_backward_weight. Its input "
+        "pass ends by detaching the stage's output in place to free the graph: what does that "
+        "do to a view?"
+    )
