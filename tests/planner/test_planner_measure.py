@@ -51,6 +51,8 @@ def test_each_rank_starts_with_its_parameters_and_state_and_peaks_above_them_wit
         assert rank.peak_bytes >= rank.start_bytes + params
         assert len(rank.samples) == 2 and rank.seconds > 0
     assert got.step_seconds == max(r.seconds for r in got.ranks)
+    steps = [max(a, b) for a, b in zip(got.ranks[0].samples, got.ranks[1].samples, strict=True)]
+    assert got.fastest_step_seconds == min(steps) <= got.step_seconds
     # the last timed step's trace, every rank's: the program it ran, action for action
     ran = {r: [f"{e.stage}{e.kind}{e.microbatch}" for e in got.trace.events if e.rank == r]
            for r in (0, 1)}  # fmt: skip
