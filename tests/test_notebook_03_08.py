@@ -35,9 +35,12 @@ def test_03_zb_v_picture_names_each_box_chunk_and_kind():
         (round(t.get_position()[1]), t.get_text().replace("\n", "")) for t in fig.axes[0].texts
     )
     assert said == Counter((e.rank, e.label) for e in sim.events)
+    assert {e.microbatch for e in sim.events} == set(range(4))  # the text's "drawn at m = 4"
     # and the text says how to read it: light chunk down, dark chunk back up
-    text = cell_source(cell_by_id(cells, "80b5bc54"))
-    assert "light" in text and "dark blue F, dark teal I, dark\ngreen W" in text
+    text = " ".join(cell_source(cell_by_id(cells, "80b5bc54")).split())
+    assert "Light boxes are chunk 0 (down), dark ones chunk 1 (up)" in text
+    assert "Drawn at `m = 4` so the labels fit; below `m = 2p` a bubble remains" in text
+    assert sim.bubble_rate > 0 and 4 < 2 * space["p"]
 
 
 def _paper_rows(cells: list[dict]) -> list[tuple[str, int, int, Costs]]:
@@ -56,7 +59,7 @@ def _paper_rows(cells: list[dict]) -> list[tuple[str, int, int, Costs]]:
 
 def test_03_zb_1p_is_zb_h1_because_zb_h1_reaches_the_lower_bound():
     cells = read_cells("03_schedules_and_bubbles")
-    printed = cell_stdout(cell_by_id(cells, "b8d18663")).splitlines()
+    printed = [line for line in cell_stdout(cell_by_id(cells, "b8d18663")).splitlines() if line]
     assert printed[0].split() == ["model", "m", "1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p"]
     rows = _paper_rows(cells)
     assert "TABLE6" in cell_source(cell_by_id(cells, "b8d18663"))  # the paper's times, as quoted
@@ -66,22 +69,20 @@ def test_03_zb_1p_is_zb_h1_because_zb_h1_reaches_the_lower_bound():
         name, m, _, *rates = line.split()
         assert (name, int(m)) == (model, mb)
         assert rates[1] == rates[3]  # the column the learner asked about: ZB-1p = ZB-H1
-        assert float(rates[4]) < float(rates[2])  # ZB-2p beats ZB-H2, as the text says
+        assert float(rates[4]) < float(rates[2])  # ZB-2p beats ZB-H2
         # why: at p activations zb-auto keeps ZB-H1, which reaches the lower bound, so
-        # nothing else is even timed
+        # nothing else is even timed (the oracle: zb-auto's own search, not shown in 03)
         search = explain_auto(pp=pp, microbatches=mb, costs=costs, memory_limit=pp)
         assert search.chosen.name == "ZB-H1"
         others = [t for t in search.tried if t.candidate is not search.chosen]
         assert others and all("ZB-H1 reaches the lower bound" in t.note for t in others)
         h1 = simulate(build_schedule("zb-h1", pp=pp, microbatches=mb), costs)
         assert f"{h1.bubble_rate:.4f}" == rates[1] == rates[3]
-    # the notebook says so, and shows the search that says so
-    why = next_cell(cells, cell_by_id(cells, "b8d18663"))
-    assert "ZB-1p column equals ZB-H1" in cell_source(why) and "lower bound" in cell_source(why)
-    shown = cell_stdout(cell_by_id(cells, "zb1p-explain"))
-    assert re.search(r"^-> ZB-H1 +span +1310\.41 +peak +8 +fits$", shown, re.M), shown
-    assert shown.count("not run: ZB-H1 reaches the lower bound") == len(search.tried) - 1
-    assert "with 7.5 activations ZB-H1 does not fit; kept greedy" in shown
+    # the notebook says so, and leaves the search itself to the appendix (issue 36)
+    why = " ".join(cell_source(next_cell(cells, cell_by_id(cells, "b8d18663"))).split())
+    assert "ZB-1p is ZB-H1 in every row" in why and "nothing beats ZB-H1" in why
+    shown = "".join(cell_stdout(c) for c in cells if c["cell_type"] == "code")
+    assert "not run:" not in shown and "explain_auto" not in "".join(cell_source(c) for c in cells)
 
 
 def _plot_call(source: str) -> ast.Call:

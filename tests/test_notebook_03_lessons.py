@@ -9,7 +9,6 @@ hand (issue 22: a `Costs` is a rank's share; chunks split it).
 from __future__ import annotations
 
 import ast
-import re
 
 from notebook_cells import cell_by_id, cell_source, cell_stdout, read_cells
 
@@ -51,46 +50,44 @@ def test_naive_split_keeps_one_device_busy_at_a_time():
     assert f"makespan {naive.makespan:g}, bubble {naive.bubble_rate:.1%}" in _figure("why-naive")
     assert all(busy / naive.makespan == 1 / P for busy in naive.busy)
     text = _prose("why-memory-md")
-    assert "Rank 0 is idle `(p-1)/p` of its span, and every device works `1/p` of the" in text
+    assert "Every device works `1/p` of the time: four devices do the work of one" in text
+    assert P == 4
 
 
 def test_memory_table_and_the_text_beside_it():
     params = 12 * 32 * 4096**2  # the cell's model: 32 layers of width 4096
     state = 16 * params / 2**30  # GiB, Adam in mixed precision
-    rows = {
-        line[:17].strip(): line[17:].split()
-        for line in cell_stdout(cell_by_id(CELLS, "why-memory")).splitlines()
-        if line.endswith(("step)", "layer", "boundary"))
-    }
-    assert rows["data parallel"][:2] == [f"{state:g}", "GiB"]
-    assert rows["tensor parallel"][:3] == [f"{state / P:g}", "GiB", str(4 * 32)]
-    assert rows["pipeline parallel"][:3] == [f"{state / P:g}", "GiB", str(2 * (P - 1))]
+    lines = cell_stdout(cell_by_id(CELLS, "why-memory")).splitlines()
+    assert lines[1].split()[6:9] == ["fits", "80", "GB"]
+    rows = {line[:17].strip(): line[17:].split() for line in lines[2:]}
+    assert sorted(rows) == ["data parallel", "pipeline parallel", "tensor parallel"]
+    gpu = 80e9 / 2**30
+    for name, per_device in [("data parallel", state), ("tensor parallel", state / P),
+                             ("pipeline parallel", state / P)]:  # fmt: skip
+        assert rows[name][:3] == [f"{per_device:g}", "GiB", "yes" if per_device < gpu else "no"]
+    assert rows["data parallel"][2] == "no" and rows["pipeline parallel"][2] == "yes"
+    assert rows["tensor parallel"][3] == str(4 * 32)
+    assert rows["pipeline parallel"][3] == str(2 * (P - 1))
     text = _prose("why-memory-after")
-    assert f"needs {state:g} GiB of state on every device" in text
-    assert state * 2**30 > 80e9  # "more than an 80 GB GPU holds"
-    assert f"bring it down to {state / P:g}" in text
-    assert f"pays {4 * 32} all-reduces per microbatch" in text
-    assert f"pipeline parallelism {2 * (P - 1)} sends" in text
+    assert "Tensor and pipeline parallelism both divide the state by `p`" in text
+    assert not any(ch.isdigit() for ch in text.replace("04", ""))  # the table carries them
 
 
 def test_m_sweep_is_the_simulator_and_the_formula():
     lines = cell_stdout(cell_by_id(CELLS, "m-sweep")).splitlines()
-    assert lines[0].split() == ["m", "microbatch", "1F1B", "(p-1)/(m+p-1)", "(p-1)/m", "ZB-H1",
-                                "closed", "form"]  # fmt: skip
+    assert lines[0].split() == ["m", "microbatch", "1F1B", "rate", "(p-1)/(m+p-1)", "idle/work",
+                                "(p-1)/m"]  # fmt: skip
     rows = {int(line.split()[0]): line.split()[1:] for line in lines[1:]}
     assert sorted(rows) == [1, 2, 4, 8, 16, 32, 64]
-    for m, (batch, one_f1b, formula, rough, zb_h1, h1_form) in rows.items():
+    for m, (batch, one_f1b, formula, ratio) in rows.items():
         assert int(batch) == 64 // m
         assert one_f1b == formula == f"{(P - 1) / (m + P - 1):.2%}"
         assert one_f1b == f"{_sim('1f1b', m).bubble_rate:.2%}"
-        assert rough == f"{(P - 1) / m:.2%}"
-        assert zb_h1 == f"{_sim('zb-h1', m).bubble_rate:.2%}"
-        idle = (P - 1) * (UNIT.F + UNIT.I - UNIT.W)  # ZB-H1's closed form, from m = p on
-        work = m * (UNIT.F + UNIT.I + UNIT.W)
-        assert h1_form == ("-" if m < P else f"{idle / (idle + work):.2%}")
-    text = _prose("m-after")
-    assert f"cuts 1F1B's bubble from {rows[8][1]} to {rows[64][1]}" in text
-    assert "here to one sequence" in text and rows[64][0] == "1"
+        assert ratio == f"{(P - 1) / m:.2f}"  # a ratio, not a rate: no percent sign
+    # "it exceeds 1 when m < p-1"
+    assert all((float(ratio) > 1) == (m < P - 1) for m, (*_, ratio) in rows.items())
+    assert "exceeds 1 when `m < p-1`" in _prose("m-md")
+    assert rows[64][0] == "1"  # the largest m leaves one sequence a microbatch
 
 
 def _table() -> dict[str, list[str]]:
@@ -99,7 +96,8 @@ def _table() -> dict[str, list[str]]:
 
 
 def test_interleaved_placement_picture_and_table():
-    inter = build_schedule("interleaved-1f1b", pp=P, microbatches=M)
+    inter = build_schedule("interleaved-1f1b", pp=P, microbatches=4)  # drawn at m = 4
+    assert inter.stages_per_rank == 2  # the text's `v = 2`: the default
     assert inter.stage_to_rank == [s % P for s in range(2 * P)]  # round robin
     printed = cell_stdout(cell_by_id(CELLS, "interleaved-plot"))
     assert f"stage -> rank: {inter.stage_to_rank}" in printed
@@ -123,27 +121,42 @@ def test_interleaved_placement_picture_and_table():
 def test_interleaved_text_quotes_its_table():
     t = _table()
     one, dfs, bfs = t["1f1b"], t["interleaved-1f1b"], t["looped-bfs"]
-    why = _prose("interleaved-why")
-    assert f"{dfs[1]} on rank 0 against 1F1B's {one[1]}" in why
     after = _prose("interleaved-after")
-    assert dfs[2] == bfs[2] and dfs[3] == bfs[3]  # same bubble, same hops
-    shown = f"same bubble ({dfs[2]} against 1F1B's {one[2]}, makespan {dfs[0]} against {one[0]})"
-    assert shown in after
-    assert f"same {dfs[3]} hops against {one[3]}" in after
-    assert f"Depth-first holds {dfs[4].rstrip(',')} rank-microbatches on rank 0" in after
-    assert f"(1F1B: {one[4].rstrip(',')})" in after
-    assert set(bfs[4:]) == {f"{M},", f"{M}"} and f"all {M} microbatches'" in after  # = m
+    assert "Both orders halve rank 0's idle time (`v = 2`) and pay the same hops" in after
+    assert float(dfs[1]) == float(bfs[1]) == float(one[1]) / 2 and dfs[3] == bfs[3]
+    # "depth-first holds a little more than 1F1B, breadth-first all `m`, like GPipe"
+    peak = {n: max(float(x.rstrip(",")) for x in row[4:]) for n, row in t.items()}
+    assert peak["1f1b"] < peak["interleaved-1f1b"] < 1.5 * peak["1f1b"]
+    assert {float(x.rstrip(",")) for x in bfs[4:]} == {M}
+    assert max(simulate(build_schedule("gpipe", pp=P, microbatches=M), UNIT).peak_memory) == M
+    assert "depth-first holds a little more than 1F1B, breadth-first all `m`, like GPipe" in after
 
 
-def test_zb_v_is_compared_on_the_same_model():
-    cells = {"zb-v": "31c9f38c", "zb-h1": "4d1f0789", "inter": "interleaved-plot"}
-    spans = {n: re.search(r"makespan ([\d.]+)", _figure(c)).group(1) for n, c in cells.items()}
-    text = _prose("80b5bc54")
-    assert (
-        f"title, {spans['zb-v']}, is shorter than ZB-H1's {spans['zb-h1']} and interleaved "
-        f"1F1B's {spans['inter']} on the same model" in text
-    )
-    assert float(spans["zb-v"]) < float(spans["zb-h1"]) < float(spans["inter"])
+def _compare(cell_id: str) -> dict[str, list[str]]:
+    """The rows of a `compare(...)` table: name -> makespan, longest span, bubble, peak
+    memory, hops, throughput synced, post-validated."""
+    lines = cell_stdout(cell_by_id(CELLS, cell_id)).splitlines()
+    assert lines[0].split()[:2] == ["schedule", "makespan"]
+    return {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+
+
+def test_compare_tables_are_the_simulator():
+    for cell_id in ("iterations-table", "zbv-compare"):
+        for name, row in _compare(cell_id).items():
+            sch = build_schedule(name, pp=P, microbatches=M)
+            one = simulate(sch, UNIT)
+            synced = simulate(sch, UNIT, iterations=3, optimizer_sync=True)
+            free = simulate(sch, UNIT, iterations=3, optimizer_sync=False)
+            s2r = sch.stage_to_rank
+            assert row == [
+                f"{one.makespan:g}",
+                f"{max(one.span):g}",
+                f"{one.bubble_rate:.1%}",
+                f"{max(one.peak_memory):g}",
+                str(sum(a != b for a, b in zip(s2r, s2r[1:], strict=False))),
+                f"{synced.throughput:.4f}",
+                f"{free.throughput:.4f}",
+            ], (cell_id, name)
 
 
 def test_closed_forms_match_the_simulator_interleaved_included():
@@ -156,7 +169,13 @@ def test_closed_forms_match_the_simulator_interleaved_included():
             assert form in ("-", simulated), (name, simulated, form)
     table = cell_source(cell_by_id(CELLS, "e7b20852"))
     assert "| interleaved 1F1B | (p-1)(F+I+W)/v |" in table
-    assert "work =\nm(F+I+W) whatever the number of chunks" in table
+    assert "rate = bubble / (bubble + m(F+I+W)), whatever the chunks per rank" in " ".join(
+        table.split()
+    )
+    # "Where a closed form's assumption fails (ZB-V with W ≠ F), the simulator still answers"
+    rows = {line.split()[0]: line.split()[1:] for line in blocks[1].splitlines()[2:]}
+    assert "W=0.5" in blocks[1].splitlines()[0] and rows["zb-v"][1] == "-"
+    assert "ZB-V with W ≠ F" in _prose("3099bcb9")
 
 
 def test_one_costs_for_every_schedule():
@@ -194,10 +213,11 @@ def test_paper_rows_stand_under_zbkits_and_the_text_says_where_they_differ():
         assert ours[3:7] == theirs[1:5]  # 1F1B, ZB-H1, ZB-H2, ZB-1p: all four digits
         zb2p = float(ours[7])
         assert zb2p <= published[4], ours  # the search is never worse than the paper's ZB-2p
-    text = " ".join(cell_source(c) for c in CELLS if c["cell_type"] == "markdown")
-    assert "match the paper's to all four printed digits" in text
+    text = _prose("4e5ec847")
+    assert text.startswith("The first four columns match the paper's to all four printed digits")
     first_equal = zbkit_rows[0][7] == paper_rows[0][5]
     rest_lower = all(
         float(o[7]) < float(t[5]) for o, t in zip(zbkit_rows[1:], paper_rows[1:], strict=True)
     )
-    assert first_equal and rest_lower and "lower in the other three" in text
+    assert first_equal and rest_lower
+    assert "ZB-2p is equal in the first row and lower in the other three" in text

@@ -33,14 +33,20 @@ def _rate(name: str, m: int, costs: Costs = UNIT, pp: int = 4) -> float:
 
 
 def test_03_1_zb_h2_has_no_bubble_from_2p_minus_1():
+    pp = 4
     m = next(m for m in count(1) if _rate("zb-h2", m) == 0)
-    assert m == 2 * 4 - 1  # the closed form's condition for F = I = W
+    assert m == 2 * pp - 1  # the closed form's condition for F = I = W
+    # the idea the feedback gives: rank 0 waits for microbatch 0's I, whose forward went down
+    # p stages and whose I came back up p-1; only forwards (one unit each) can fill the wait
+    wait = pp * UNIT.F + (pp - 1) * UNIT.I
+    assert wait / UNIT.F == m
     right, why = _judged("03.1", m)
-    assert right is True and f"m = {m} = 2p-1" in why
-    right, why = _judged("03.1", m + 1)
-    assert right is False and "go down" in why
-    right, why = _judged("03.1", m - 1)
-    assert right is False and f"{_rate('zb-h2', m - 1):.1%}" in why and "go up" in why
+    assert right is True and f"m = {m} = 2p-1" in why and f"waits {wait:g} time units" in why
+    right, why = _judged("03.1", m + 2)
+    assert right is False and "fewer microbatches" in why and str(m) not in why
+    right, why = _judged("03.1", m - 2)
+    assert right is False and f"{_rate('zb-h2', m - 2):.1%}" in why
+    assert "runs out of forwards" in why and "no W is ready" in why
     right, why = _judged("03.1", float(m))
     assert right is False and "whole number" in why
 
@@ -56,6 +62,7 @@ def test_03_2_comm_hurts_zb_v_most():
     other = min(rise, key=rise.__getitem__)
     right, why = _judged("03.2", other)
     assert right is False and f"rises {100 * rise[other]:.1f} points" in why
+    assert "how many hops" in why and "idle time" in why  # the idea, not a direction
     right, why = _judged("03.2", "pipedream")
     assert right is False and "not one of the seven" in why
 
@@ -98,12 +105,15 @@ def test_03_4_four_chunks_per_rank_beat_zb_h1():
     assert interleaved(v - 1) == zb_h1  # one fewer chunk ties: the checker must say so
     right, why = _judged("03.4", v)
     assert right is True and f"makespan {float(interleaved(v)):g}" in why
+    idle_h1 = (pp - 1) * (f + i - w)
     right, why = _judged("03.4", v - 1)
-    assert right is False and "ties" in why
+    assert right is False and "ties" in why and f"= {float(idle_h1):g}" in why
     right, why = _judged("03.4", v - 2)
-    assert right is False and "go up" in why
+    slower = (pp - 1) * (f + i + w) / (v - 2)  # its idle, above ZB-H1's: the reason
+    assert right is False and f"{float(slower):g} against ZB-H1's (p-1)(F+I-W)" in why
+    assert "go up" not in why
     right, why = _judged("03.4", v + 2)
-    assert right is False and "a smaller v does too" in why
+    assert right is False and "a smaller v does too" in why and "idle time" in why
 
 
 def test_03_5_enough_microbatches_for_a_small_1f1b_bubble():
@@ -115,6 +125,9 @@ def test_03_5_enough_microbatches_for_a_small_1f1b_bubble():
     right, why = _judged("03.5", rough)
     assert right is False and "approximation" in why
     right, why = _judged("03.5", m - 1)
-    assert right is False and "10.00%" in why and "go up" in why
+    assert right is False and "10.00%" in why and "go up" not in why
+    assert f"m(F+I+W) = {3 * (m - 1)}" in why and "nine times" in why  # 1/10 <=> work > 9 idle
+    right, why = _judged("03.5", m + 5)
+    assert right is False and "a smaller m" in why
     right, why = _judged("03.5", True)
     assert right is False and "whole number" in why

@@ -32,21 +32,44 @@ def _rate(name: str, pp: int, m: int, costs: Costs = UNIT, **options: Any) -> fl
     return simulate(build_schedule(name, pp=pp, microbatches=m, **options), costs).bubble_rate
 
 
+def _rank0_wait(pp: int, costs: Costs = UNIT) -> float:
+    """How long rank 0 waits, from its first forward's start, for microbatch 0's input
+    gradient: the forward down every stage and the input gradient back up (the simulator's
+    answer, with microbatches to spare)."""
+    sim = simulate(build_schedule("zb-h2", pp=pp, microbatches=4 * pp), costs)
+    return min(e.start for e in sim.events if e.rank == 0 and e.kind == "I")
+
+
 @exercise("03.1", "the smallest m (an int) for which ZB-H2 has no bubble at p = 4, F = I = W = 1")
 def smallest_zero_bubble_m(answer: Any) -> tuple[bool, str]:
     def rate(m: int) -> float:
         return _rate("zb-h2", 4, m)
 
     m = next(m for m in range(1, 64) if rate(m) < TIE)
+    wait = _rank0_wait(4)
     if not is_count(answer):
         return False, f"give a whole number of microbatches, got {answer!r}"
-    if answer == m:
-        return True, f"ZB-H2's bubble is 0 from m = {m} = 2p-1 on (m = {m - 1}: {rate(m - 1):.1%})."
     if answer < 1:
         return False, f"m counts microbatches: at least 1, got {answer}"
+    if answer == m:
+        return True, (
+            f"ZB-H2's bubble is 0 from m = {m} = 2p-1 on (m = {m - 1}: {rate(m - 1):.1%}). "
+            f"Rank 0 waits {wait:g} time units for microbatch 0's input gradient: its forward "
+            "goes down p stages and its I comes back up p-1. No W is ready before that I, so "
+            f"only forwards can fill the wait, one unit each: {m} warm-up forwards."
+        )
     if answer > m:
-        return False, f"m = {answer} has no bubble, but a smaller m already has none: go down"
-    return False, f"at m = {answer} the simulated bubble is {rate(answer):.1%}: go up"
+        return False, (
+            f"m = {answer} has no bubble, but fewer microbatches have none either. Count how "
+            "long rank 0 waits for microbatch 0's input gradient to come back (down p stages, "
+            "back up p-1): the warm-up needs just enough forwards to fill that wait."
+        )
+    return False, (
+        f"at m = {answer} the simulated bubble is {rate(answer):.1%}: rank 0 runs out of "
+        "forwards before microbatch 0's input gradient has come back (down p stages, back up "
+        "p-1), and no W is ready before that I. Count the wait in time units: each warm-up "
+        "forward fills one."
+    )
 
 
 @exercise("03.2", "the name (a str, e.g. 'zb-h1') of the schedule whose bubble rate rises most")
@@ -59,7 +82,10 @@ def most_hurt_by_comm(answer: Any) -> tuple[bool, str]:
         return False, why
     if name != worst:
         return False, (
-            f"{name}'s bubble rate rises {100 * rise[name]:.1f} points; another's rises more"
+            f"{name}'s bubble rate rises {100 * rise[name]:.1f} points; another's rises more. "
+            f"A hop costs {slow.comm:g} in every schedule: what differs is how long the actions "
+            "beside it are (a chunk does 1/v of a stage's work), how many hops a microbatch "
+            "makes, and whether idle time was already there to hide a wait in."
         )
     sch = build_schedule(worst, pp=4, microbatches=8)
     chunk = UNIT.share(sch.stages_per_rank)
@@ -103,7 +129,11 @@ def closed_form_leaves_out_comm(answer: Any) -> tuple[bool, str]:
     one_f1b = formulas.bubble("1f1b", pp, m, 1, PAPER_ROW)
     if one_f1b is not None and math.isclose(answer, one_f1b.rate, abs_tol=5e-4):
         return False, f"{one_f1b.rate:.4f} is 1F1B's (p-1)(F+I+W); ZB-H1's subtracts W"
-    return False, "rate = bubble / (bubble + m(F+I+W)), with bubble = (p-1)(F+I-W)"
+    return False, (
+        f"{answer} is not what the closed form gives: it counts compute only, the bubble "
+        "(p-1)(F+I-W) against the work m(F+I+W), rate = bubble / (bubble + work), with the "
+        "row's F, I and W in ms"
+    )
 
 
 @exercise("03.4", "the smallest stages_per_rank v (an int) that beats ZB-H1's makespan")
@@ -128,11 +158,28 @@ def interleaving_beats_zb_h1(answer: Any) -> tuple[bool, str]:
             f"The price: {hops(sch)} hops a microbatch each way against 1F1B's {hops(one)}; "
             f"ZB-H1 gets to {h1:g} with 1F1B's {hops(one)}, by moving W."
         )
+    idle_h1 = (4 - 1) * (UNIT.F + UNIT.I - UNIT.W)  # ZB-H1's closed form, m >= p
+
+    def idle(v: int) -> float:  # interleaving's, (p-1)(F+I+W)/v: the same work on both
+        return (4 - 1) * (UNIT.F + UNIT.I + UNIT.W) / v
+
     if answer > v:
-        return False, f"v = {answer} beats it ({makespan(answer):g}), but a smaller v does too"
+        return False, (
+            f"v = {answer} beats it ({makespan(answer):g}), but a smaller v does too: both "
+            "schedules do the same work, so compare their idle time, (p-1)(F+I+W)/v against "
+            f"ZB-H1's (p-1)(F+I-W) = {idle_h1:g}, and find the first v below it"
+        )
     if abs(makespan(answer) - h1) <= TIE:
-        return False, f"v = {answer} ties: makespan {makespan(answer):g}, ZB-H1's too; beat it"
-    return False, f"v = {answer}: makespan {makespan(answer):g} against ZB-H1's {h1:g}: go up"
+        return False, (
+            f"v = {answer} ties: makespan {makespan(answer):g}, ZB-H1's too. Its idle time "
+            f"(p-1)(F+I+W)/v = {idle(answer):g} equals ZB-H1's (p-1)(F+I-W) = {idle_h1:g}; "
+            "strictly shorter needs less idle"
+        )
+    return False, (
+        f"v = {answer}: makespan {makespan(answer):g} against ZB-H1's {h1:g}. Both do the same "
+        f"work, so the idle time decides: (p-1)(F+I+W)/v = {idle(answer):g} against ZB-H1's "
+        f"(p-1)(F+I-W) = {idle_h1:g}. Only more chunks shrink interleaving's idle time"
+    )
 
 
 @exercise("03.5", "the smallest m (an int) for which 1F1B's bubble rate at p = 4 is below 10%")
@@ -160,6 +207,14 @@ def enough_microbatches(answer: Any) -> tuple[bool, str]:
             f"{rough} comes from (p-1)/m, the large-m approximation; the rate is "
             f"(p-1)/(m+p-1), a little lower ({rate(rough):.2%} at m = {rough})"
         )
+    bubble = (pp - 1) * (UNIT.F + UNIT.I + UNIT.W)
     if answer > m:
-        return False, f"m = {answer} gives {rate(answer):.2%}; a smaller m is below 10% too"
-    return False, f"m = {answer} gives {rate(answer):.2%}: go up"
+        return False, (
+            f"m = {answer} gives {rate(answer):.2%}; a smaller m is below 10% too. Solve "
+            "(p-1)/(m+p-1) < 1/10 for the first whole m"
+        )
+    return False, (
+        f"m = {answer} gives {rate(answer):.2%}: the bubble (p-1)(F+I+W) = {bubble:g} units "
+        f"stays whatever m is, and the work m(F+I+W) = {answer * bubble / (pp - 1):g} is not yet "
+        "more than nine times it, which a rate below 1/10 needs"
+    )
