@@ -221,7 +221,7 @@ NUMERALS = {
     "ex03-1": ["1", "1"],  # Exercise 1, F = I = W = 1 (the exercise's costs)
     "ex03-2": ["2", "1", "1"],  # Exercise 2, 1f1b, interleaved-1f1b
     "ex03-3": ["3", "1.5"],  # Exercise 3, the 1.5B model
-    "ex03-4": ["4"],  # Exercise 4
+    "ex03-4": ["4", "1"],  # Exercise 4, 1F1B
     "ex03-5": ["5", "1", "10%"],  # Exercise 5, 1F1B, the exercise's threshold
 }
 
