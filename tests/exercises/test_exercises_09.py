@@ -35,6 +35,10 @@ def test_09_2_the_choice_is_the_fastest_row_that_fits():
     ]  # fmt: skip
     want = min(fitting, key=lambda c: c.step_seconds).schedule
     assert check("09.2", want).right
+    chosen = min(fitting, key=lambda c: c.step_seconds)
+    faster = [c for c in found.candidates
+              if c.prediction is not None and c.step_seconds < chosen.step_seconds]  # fmt: skip
+    assert f"{len(faster)} faster ones hold more than 40 GB" in check("09.2", want).why
     other = next(c.schedule for c in fitting if c.schedule != want)
     wrong = check("09.2", other)
     assert not wrong.right and "another schedule that fits is faster" in wrong.why

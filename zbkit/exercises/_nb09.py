@@ -60,7 +60,17 @@ def plan_at_40gb(answer: Any) -> tuple[bool, str]:
     )
     if name == chosen.schedule:
         rest = f"; the next other schedule, {runner.schedule}, {runner.verdict}" if runner else ""
-        return True, said + rest
+        faster = [c for c in found.candidates
+                  if c.prediction is not None and c.step_seconds < chosen.step_seconds]  # fmt: skip
+        top = min(faster, key=lambda c: c.step_seconds) if faster else None
+        why = (
+            f". The plan takes the fastest candidate that fits: {len(faster)} faster ones hold "
+            f"more than 40 GB on their fullest rank (the fastest, {top.schedule} at "
+            f"pp={top.pp}, needs {top.peak_bytes / 1e9:.1f} GB)"
+            if top
+            else ". It is the fastest candidate of all, and it fits"
+        )
+        return True, said + rest + why
     mine = [c for c in found.candidates if c.schedule == name and c.prediction is not None]
     if not mine:
         return False, f"{name} was not built for these sizes: read its rows in the table"
