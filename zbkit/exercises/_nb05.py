@@ -55,8 +55,16 @@ def short_w(answer: Any) -> tuple[bool, str]:
             "little of it. ZB-V's V shape shortens the warm-up and cool-down themselves."
         )
     if name == "1f1b":
-        return False, "1F1B is the baseline (1.00x); which schedule is furthest ahead of it?"
-    return False, f"{name} gains {short[name]:.2f}x; another gains more ({table})"
+        return False, (
+            "1F1B is the baseline every speed-up is measured against (1.00x). The zero-bubble "
+            "schedules gain by moving W's into its bubble: with W = 5 ms, which of them gains in "
+            "a way that does not need a long W?"
+        )
+    return False, (
+        f"{name} gains {short[name]:.2f}x, and another gains more. ZB-H1 and ZB-H2 gain only by "
+        "moving W's into 1F1B's bubble, and a 5 ms W fills a quarter of what a 20 ms one did; a "
+        "schedule whose shape also shortens the warm-up and cool-down keeps more of its gain"
+    )
 
 
 # ----------------------------------------------------------------- 05.2: stage 0's W
@@ -106,8 +114,15 @@ def first_stage_unsplit(answer: Any) -> tuple[bool, str]:
             "it, does stage 0's I backpropagate at all? (SyntheticStage.paid lists each call)"
         )
     if answer < split:
-        return False, "that is I's share at most: the whole backward of stage 0 still runs once"
-    return False, "count the parts (I, W) stage 0's W pays: SyntheticStage.paid lists them"
+        return False, (
+            "less than one part: stage 0's whole backward still runs once per microbatch, its "
+            "I part and its W part, at one of the two calls"
+        )
+    return False, (
+        "stage 0's input is data: it has no gradient to send up, so its I call computes "
+        "nothing and the whole backward, I's part and W's, runs in one call. Which call, and "
+        "how many parts of 20 ms? (SyntheticStage.paid lists what each call paid)"
+    )
 
 
 # ----------------------------------------------------------------- 05.3: spinning ranks
@@ -154,8 +169,10 @@ def spinning_ranks(answer: Any) -> tuple[bool, str]:
     if not 0 <= answer <= 1:
         return False, f"a share of the makespan lies between 0 and 1, got {answer}"
     return False, (
-        "between consecutive event starts and ends, count the ranks with an event running; "
-        "add up the intervals with more than 2 and divide by the makespan"
+        "a computing rank wants a core of its own; the ranks slow each other down only while "
+        "more than 2 compute together. Between consecutive event starts and ends, count the "
+        "ranks with an event running; add up the intervals with more than 2 and divide by "
+        "the makespan"
     )
 
 
@@ -248,7 +265,8 @@ def slow_last_stage(answer: Any) -> tuple[bool, str]:
             f"the slow stage alone works {M} x {slow.F + slow.I + slow.W:g} = {work:g} and "
             f"cannot start before the first microbatch's {wait:g} of forwards reaches it, "
             f"{work + wait:g} in all. Its rank is never idle; the bubble moves to the other "
-            "ranks, and what shortens the step is a better cut (the sizing section above)."
+            "ranks, and what shortens the step is a better cut (notebook 09: "
+            "`planner.partition` balances the stages by time)."
         )
     if answer < best:
         return False, (
@@ -257,5 +275,12 @@ def slow_last_stage(answer: Any) -> tuple[bool, str]:
         )
     named = [n for n in TRIED if math.isclose(answer, spans[n], abs_tol=1e-6)]
     if named:
-        return False, f"{answer:g} is {named[0]}'s makespan; another of the four is shorter"
-    return False, "simulate each of the four with costs=costs (zb-auto built with costs=costs)"
+        return False, (
+            f"{answer:g} is {named[0]}'s makespan, and another of the four is shorter. The slow "
+            "stage sets the pace: the best a schedule can do is keep it busy from its first "
+            "input to the end, and let the other ranks idle instead"
+        )
+    return False, (
+        "the slow stage sets the pace, so the makespans differ by how well a schedule keeps it "
+        "busy: simulate each of the four with costs=costs (zb-auto built with costs=costs)"
+    )
