@@ -16,7 +16,7 @@ from zbkit.schedules.core.events import CommEvent, Event, bubble_rate, memory_de
 from zbkit.schedules.core.plan import Comm, CommOp, Plan
 from zbkit.schedules.core.schedule import Schedule, ScheduleError, derive_plan
 from zbkit.schedules.from_torch import TorchComparison, compare_with_torch
-from zbkit.schedules.optimum.exact import Solution, lower_bound
+from zbkit.schedules.optimum.exact import Solution, lower_bound, lower_bound_parts
 from zbkit.schedules.search.optimal import solve
 from zbkit.schedules.sim.simulate import Simulation, simulate
 from zbkit.schedules.sim.validate import validate
@@ -45,6 +45,7 @@ __all__ = [
     "derive_plan",
     "explain_auto",
     "lower_bound",
+    "lower_bound_parts",
     "memory_deltas",
     "memory_steps",
     "simulate",

@@ -38,7 +38,16 @@ from zbkit.schedules.optimum.bounds import gap_line
 from zbkit.schedules.optimum.cpsat import SOLVER_GAP
 from zbkit.schedules.sim.simulate import Simulation, simulate
 
-__all__ = ["Solution", "bound_for", "cp_sat", "gap_line", "lower_bound", "prove", "setting"]
+__all__ = [
+    "Solution",
+    "bound_for",
+    "cp_sat",
+    "gap_line",
+    "lower_bound",
+    "lower_bound_parts",
+    "prove",
+    "setting",
+]
 
 OBJECTIVES = ("span", "makespan")
 
@@ -82,6 +91,38 @@ def lower_bound(
     orders of each pair of a rank's forwards on different stages: under half a second)."""
     where, per, limit = setting(pp, microbatches, costs, memory_limit, placement, "lower_bound")
     return bounds.lower_bound(where, microbatches, per, limit, placement)
+
+
+def lower_bound_parts(
+    *,
+    pp: int,
+    microbatches: int,
+    costs: Costs | Sequence[Costs] | None = None,
+    memory_limit: float | None = None,
+    placement: str = "linear",
+) -> dict[str, float]:
+    """`lower_bound`'s pieces by name, each a certified bound on its own; `lower_bound` is
+    their max. "busy": the busiest rank's work; "round trips" and "one trip": a stage's
+    microbatches going down the pipeline and back, as many at once as fit the limit; "walk":
+    every action's earliest start (none above 768 actions); for equal stages, "rank 0" and
+    "last stage" (linear) or "V start" (the V): the idle time rank 0 cannot avoid."""
+    where, per, limit = setting(pp, microbatches, costs, memory_limit, placement, "lower_bound")
+    parts = {
+        "busy": bounds.busy(where, microbatches, per),
+        "round trips": bounds.round_trips(where, microbatches, per, limit),
+        "one trip": bounds.one_trip(where, microbatches, per),
+    }
+    if 3 * len(where) * microbatches <= bounds.CHAINS_MAX_ACTIONS:
+        parts["walk"] = bounds.chains(where, microbatches, per, limit)
+    if any(c != per[0] for c in per):  # the closed forms for rank 0 assume equal stages
+        return parts
+    p, c = max(where) + 1, per[0]
+    if placement == "v":
+        parts["V start"] = bounds.v_start(p, microbatches, c, limit)
+    else:
+        parts["rank 0"] = bounds.rank0(p, microbatches, c, limit)
+        parts["last stage"] = bounds.last_stage(p, microbatches, c)
+    return parts
 
 
 def setting(
