@@ -70,7 +70,7 @@ def test_the_synthetic_verdicts_are_the_tables(cells):
 
 
 def test_zb_v_pays_the_most_per_action_as_the_text_says(cells):
-    # "waking from a sleep and sending cost a little every action, and ZB-V runs twice as
+    # "waking from a sleep and sending cost a little every action, and ZB-V has twice as
     # many, each half as long"
     boxes = {n: float(row[8].rstrip("%")) for n, row in _synthetic(cells).items()}
     assert max(boxes, key=boxes.__getitem__) == "zb-v", boxes
@@ -98,7 +98,7 @@ def test_the_run_viewer_shows_the_tables_zb_v(nb, cells):
     # the viewer shows 4 significant digits in s, the table whole ms: equal to within one ms
     assert abs(float(sim_span) * 1e3 - int(zbv[2])) <= 1, (sim_span, zbv)
     assert abs(float(run_span) * 1e3 - int(zbv[1])) <= 1, (run_span, zbv)
-    # "ZB-V runs twice as many [actions]": two chunks a rank, F, I and W of each of 8
+    # "ZB-V has twice as many [actions]": two chunks a rank, F, I and W of each of 8
     viewer = "".join(cell_by_id(cells, "0b159e27")["outputs"][0]["data"]["text/plain"])
     assert f"RunViewer ({2 * 3 * 4 * 8} actions on 4 ranks)" in viewer
 
