@@ -114,6 +114,30 @@ def test_measured_trace_beside_and_over_its_simulation():
     assert len(_collection(one, "actions").get_paths()) == sum(e.rank == 1 for e in sim.events)
 
 
+@pytest.mark.parametrize("width", [8.5, 9.0, 12.0])
+def test_the_title_stays_in_the_figure_and_clear_of_the_legend(width):
+    """A run beside its simulation at JupyterLab's width (issue 36): the name, the run's and
+    the simulation's numbers on lines of their own, none cut off at the top or under the
+    legend."""
+    sch = build_schedule("zb-v", pp=4, microbatches=8)
+    sim, run = simulate(sch, Costs(1, 1, 1)), simulate(sch, Costs(1.1, 1.2, 0.9))
+    fig = plot_schedule(run, simulation=sim, comm=True, width=width)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # to measure drawn text
+    from matplotlib.text import Text  # the same reason
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    ax = fig.axes[0]
+    (title,) = [
+        t for t in ax.get_children() if isinstance(t, Text) and t.get_text() == ax.get_title("left")
+    ]
+    box = title.get_window_extent(renderer)
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert box.y1 <= fig.bbox.y1 and not box.overlaps(legend), title.get_text()
+    assert title.get_text().count("\n") >= 1 and f"sim: makespan {sim.makespan:.4g}" in (
+        title.get_text()
+    )
+
+
 def test_bubble_rate_of_a_hand_made_trace_matches_the_closed_form():
     # rank 0 busy 0-2 and 3-4 (span 4, busy 3); rank 1 busy 1-3 (span 2, busy 2)
     # cost = longest span = 4; work = the busiest rank's busy time = 3; bubble = (4 - 3) / 4
@@ -218,7 +242,7 @@ def test_zb_v_boxes_show_their_chunk_and_kind():
     green scaled towards black) and narrow boxes said only the microbatch."""
     p = 4
     sim = simulate(build_schedule("zb-v", pp=p, microbatches=8), Costs(0.5, 0.5, 0.5))
-    fig = plot_schedule(sim)
+    fig = plot_schedule(sim, width=12)
     boxes = _collection(fig, "actions")
     # rank r holds stages r (chunk 0, the kind's colour) and 2p-1-r (chunk 1, its dark colour)
     order = sorted(sim.events, key=lambda e: (e.rank, e.start, e.end, e.stage, e.kind))
@@ -256,8 +280,12 @@ def test_zb_v_boxes_show_their_chunk_and_kind():
     # the notebook's width: every box names its stage, kind and microbatch (5F over 3)
     wide = plot_schedule(sim, width=14)
     assert said(wide) == Counter((e.rank, str(e.stage), e.kind, e.microbatch) for e in sim.events)
-    # the default width: every box still names its kind and microbatch; its colour the chunk
+    # 12 in: every box still names its kind and microbatch; its colour the chunk
     assert said(fig) == Counter((e.rank, "", e.kind, e.microbatch) for e in sim.events)
+    # the default 9 in (shown unscaled in JupyterLab's column): the microbatch, the colour
+    # saying kind and chunk
+    narrow = Counter(t.get_text() for t in plot_schedule(sim).axes[0].texts)
+    assert narrow == Counter(str(e.microbatch) for e in sim.events)
     # and no label is wider than its box, nor runs into its neighbour's
     for f in (fig, wide):
         renderer = FigureCanvasAgg(f).get_renderer()

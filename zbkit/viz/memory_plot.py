@@ -47,7 +47,7 @@ def plot_memory(
     costs: Any = None,
     limit: float | None = None,
     ranks: list[int] | None = None,
-    width: float = 12.0,
+    width: float = 9.0,
     unit: str = "time",
 ) -> ZbFigure:
     """Activation memory over time, one panel per rank, with the memory limit drawn.

@@ -109,7 +109,7 @@ def plot_schedule(
     title: str | None = None,
     labels: bool = True,
     comm: bool = False,
-    width: float = 12.0,
+    width: float = 9.0,
     unit: str = "time",
 ) -> ZbFigure:
     """Draw a schedule's events: one row per rank, idle time shaded, numbers in the title.
@@ -324,8 +324,25 @@ def _title(ax: Any, title: str | None, main: Timeline, ref: Timeline | None) -> 
     """The schedule's name (and iterations) and its numbers; returns the numbers."""
     name = title if title is not None else _describe(main.source)
     numbers = _numbers(main) if ref is None else f"run: {_numbers(main)} | sim: {_numbers(ref)}"
-    text = f"{name}   {numbers}" if name else numbers
-    if len(text) > 70:  # two lines, so the title never runs into the legend on its right
-        text = f"{name}\n{numbers}"
-    ax.set_title(text, fontsize=9, loc="left", pad=14)
+    # lines short enough that the title never runs into the legend on its right: about 70
+    # characters of 9-pt text beside the legend at 12 in, fewer on a narrower figure
+    room = 70 * ax.figure.get_figwidth() / 12
+    lines = [f"{name}   {numbers}" if name else numbers]
+    if len(lines[0]) > room:
+        lines = [name, numbers] if name else [numbers]
+    if len(lines[-1]) > room and ref is not None:  # the run's numbers above the simulation's
+        lines[-1:] = [f"run: {_numbers(main)}", f"sim: {_numbers(ref)}"]
+    if len(lines) > 2:  # the figure's top margin holds two: grow it, the axes unchanged
+        _grow_top(ax, 0.18 * (len(lines) - 2))
+    ax.set_title("\n".join(lines), fontsize=9, loc="left", pad=14)
     return numbers
+
+
+def _grow_top(ax: Any, inches: float) -> None:
+    """Make the figure `inches` taller at the top, the axes keeping their size in inches."""
+    fig = ax.figure
+    old = fig.get_figheight()
+    box = ax.get_position()
+    fig.set_figheight(old + inches)
+    scale = old / (old + inches)
+    ax.set_position((box.x0, box.y0 * scale, box.width, box.height * scale))

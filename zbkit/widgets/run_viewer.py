@@ -13,7 +13,7 @@ from zbkit.schedules.throughput import rank_costs
 from zbkit.viz import plot_schedule, timeline
 from zbkit.widgets._common import Offline, table_html
 
-_DPI, _WIDTH_IN = 100, 10.0  # drawn at the size it is shown, as ScheduleExplorer
+_DPI, _WIDTH_IN = 100, 9.5  # drawn at the size it is shown, as ScheduleExplorer
 _ROW_IN, _MIN_AXES_IN = 0.42, 0.9  # a rank's row; the boxes of one rank alone stay this tall
 _BOTTOM_IN, _GAP_PX = 0.55, 6  # ticks and the axis label; between axes, legend and title
 

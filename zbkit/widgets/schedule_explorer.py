@@ -31,7 +31,7 @@ from zbkit.widgets._common import Offline, table_html
 
 _DPI = 100  # drawn at the size it is shown (no stretching, so no blur)
 _CONTROL_WIDTH, _LABEL_WIDTH = "400px", "130px"  # a slider's track: about 220 px
-_WIDTH_IN = 10.0  # figure width in inches: _WIDTH_IN * _DPI pixels, the image's own width
+_WIDTH_IN = 9.5  # figure width in inches: _WIDTH_IN * _DPI pixels, the image's own width
 
 
 def _fmt(values: list[float]) -> str:
