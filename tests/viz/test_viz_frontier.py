@@ -87,6 +87,23 @@ def test_frontier_marks_exactly_the_non_dominated_points(fig):
     ]
 
 
+def test_points_are_named_beside_them_and_never_under_a_ring(fig):
+    # issue 36: 15 legend entries could not be matched to the picture, and markers next to a
+    # frontier point hid under its ring
+    ax = fig.axes[0]
+    fixed = [p for p in fig.points if p.limit is None]
+    names = {t.get_gid(): t for t in ax.texts if (t.get_gid() or "").startswith("name:")}
+    assert set(names) == {f"name:{p.label}" for p in fixed}
+    for p in fixed:
+        assert names[f"name:{p.label}"].xy == pytest.approx((p.memory, p.bubble))
+    legend = ax.get_legend().get_texts()
+    assert len(legend) <= 6, [t.get_text() for t in legend]  # curves, frontier, floors only
+    lines = {line.get_gid(): line for line in ax.get_lines()}
+    ring = lines["frontier"].get_zorder()
+    assert all(lines[f"point:{p.label}"].get_zorder() > ring for p in fixed)
+    assert fig.get_size_inches()[0] * fig.dpi <= 900  # JupyterLab's column shows it whole
+
+
 def test_a_schedule_that_cannot_be_built_is_reported_not_dropped():
     # interleaved-1f1b needs microbatches a multiple of pp; 6 is not one of 4
     fig = plot_frontier(4, 6, COSTS, memory_limits=[0.5, 4])

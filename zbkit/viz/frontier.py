@@ -45,7 +45,7 @@ STYLES: dict[str, Style] = {
     "zb-opt (v)": Style("#000000", "X"),
     "looped-bfs": Style("#8c564b", "h"),
     "interleaved-zb": Style("#bcbd22", "X"),
-    "v-half": Style("#e377c2", "*"),
+    "v-half": Style("#c51b8a", "*"),
     "v-min": Style("#9e1f63", "P"),
     "dualpipev": Style("#2c3e50", "d"),
 }
@@ -176,7 +176,7 @@ def plot_frontier(
     *,
     schedules: Sequence[str] | None = None,
     memory_limits: Sequence[float] | None = None,
-    width: float = 10.0,
+    width: float = 9.0,
 ) -> ZbFigure:
     """Bubble rate (y) against the busiest rank's peak memory (x) for every schedule.
 
@@ -192,9 +192,12 @@ def plot_frontier(
             mem_activation, in steps of pp/8). zb-auto is searched under each, once per
             placement (linear, V), and drawn as a curve; these searches are most of the time
             the drawing takes.
+        width: inches at 100 dpi (9: 900 px, JupyterLab's column shows it at full size).
 
-    x is the simulated peak in rank-microbatches (`MEMORY_UNIT`): a microbatch through all of
-    a rank's layers holds `mem_activation`, whatever the schedule's chunks; zb-auto's points
+    Each fixed schedule's point carries its name; the legend holds only the search curves,
+    the frontier and the floors. x is the simulated peak in rank-microbatches (`MEMORY_UNIT`):
+    a microbatch through all of a rank's layers holds `mem_activation`, whatever the
+    schedule's chunks; zb-auto's points
     sit at their peaks, at or under their limits. `fig.points` lists every point drawn
     (`FrontierPoint`), `on_frontier` set for the Pareto-optimal ones.
     """
@@ -203,10 +206,10 @@ def plot_frontier(
     points = [p._replace(on_frontier=f) for p, f in zip(points, _on_frontier(points), strict=True)]
     notes = [f"not drawn: {name}: {why}" for name, why in skipped.items()]
     wrapped = [line for note in notes for line in textwrap.wrap(note, int(width * 13))]
-    height = 4.6 + 0.17 * len(wrapped)
+    height = 5.4 + 0.17 * len(wrapped)  # tall: points 1% of bubble apart stay apart
     fig = ZbFigure(figsize=(width, height), dpi=100)
     bottom = (0.75 + 0.17 * len(wrapped)) / height
-    ax = fig.add_axes((0.08, bottom, 0.62, 1 - bottom - 0.45 / height))
+    ax = fig.add_axes((0.08, bottom, 0.64, 1 - bottom - 0.45 / height))
 
     floors = _floors(pp, microbatches, costs, points)
     handles = _draw_points(ax, points) + _draw_frontier(ax, points) + _draw_floors(ax, floors)
@@ -230,16 +233,18 @@ def _draw_points(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
     """Each fixed schedule's point and each search's curve; their legend handles."""
     # the same colour and marker for a schedule in every figure, whatever else is drawn
     styles = _styles()
-    handles = []
+    handles: list[Line2D] = []
+    fixed: list[FrontierPoint] = []
     for label in dict.fromkeys(p.label for p in points):
         colour, marker = styles[label]
         mine = [p for p in points if p.label == label]
         star = " *" if any(p.on_frontier for p in mine) else ""
-        if mine[0].limit is None:  # a fixed schedule: one point
+        if mine[0].limit is None:  # a fixed schedule: one point, named beside it
             (p,) = mine
-            ax.plot(p.memory, p.bubble, marker, color=colour, ms=8, zorder=3, gid=f"point:{label}")
-            name = label + star
-            handles.append(Line2D([], [], ls="", marker=marker, color=colour, ms=7, label=name))
+            # above the frontier's rings (zorder 4), a white edge: never hidden by a ring
+            style: dict[str, Any] = dict(color=colour, ms=8, mec="white", mew=0.6, zorder=5)
+            ax.plot(p.memory, p.bubble, marker, gid=f"point:{label}", **style)
+            fixed.append(p)
             continue
         # a search's curve, in the order of the limits; each point its own artist (gid: limit)
         xs, ys = [p.memory for p in mine], [p.bubble for p in mine]
@@ -249,7 +254,32 @@ def _draw_points(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
             ax.plot(p.memory, p.bubble, marker, color=colour, ms=4.5, zorder=2, gid=gid)
         name = f"{label}, limits {mine[0].limit:g}-{mine[-1].limit:g}{star}"
         handles.append(Line2D([], [], marker=marker, color=colour, ms=4.5, label=name))
+    _name_points(ax, fixed)
     return handles
+
+
+def _name_points(ax: Any, fixed: list[FrontierPoint]) -> None:
+    """Each fixed schedule's name beside its point (a legend of 15 could not be matched to
+    the picture): above it and to the right, to the left near the right edge, and a ringed
+    point's name marked " *" (it is on the frontier)."""
+    if not fixed:
+        return
+    xs = [p.memory for p in fixed]
+    low, high = min(xs), max(xs)
+    for p in fixed:
+        left = high > low and p.memory > low + 0.8 * (high - low)
+        name = p.label + (" *" if p.on_frontier else "")
+        ax.annotate(
+            name,
+            (p.memory, p.bubble),
+            xytext=(-5 if left else 5, 3),
+            textcoords="offset points",
+            ha="right" if left else "left",
+            va="bottom",
+            fontsize=7,
+            zorder=6,
+            gid=f"name:{p.label}",
+        )
 
 
 def _floors(pp: int, m: int, costs: Costs, points: list[FrontierPoint]) -> dict[str, list]:
@@ -307,12 +337,12 @@ def _draw_frontier(ax: Any, points: list[FrontierPoint]) -> list[Line2D]:
     if not best:
         return []
     xs, ys = [x for x, _ in best], [y for _, y in best]
-    ring: dict[str, Any] = dict(marker="o", mfc="none", mec="black", mew=1.2)
-    ax.plot(xs, ys, ls="", ms=13, zorder=4, gid="frontier", **ring)
+    ring: dict[str, Any] = dict(marker="o", mfc="none", mec="black", mew=0.9)
+    ax.plot(xs, ys, ls="", ms=10, zorder=4, gid="frontier", **ring)
     right = max(p.memory for p in points) * 1.04
     line: dict[str, Any] = dict(color="black", lw=1.6, alpha=0.35)
     ax.step([*xs, right], [*ys, ys[-1]], where="post", zorder=1, **line)
-    label = "Pareto frontier\n(* = some point on it)"
+    label = "Pareto frontier (ringed;\n* = a point on it)"
     return [Line2D([], [], ms=10, label=label, **ring, **line)]
 
 
