@@ -39,6 +39,17 @@ def cell_outputs(cell: dict, mime: str) -> str:
     return "".join(parts)
 
 
+def cell_python(cell: dict) -> str:
+    """A code cell's source as Python that `ast.parse` reads: the body of a cell magic such
+    as ``%%solution`` (which runs its body as Python), line magics as IPython rewrites them."""
+    from IPython.core.inputtransformer2 import TransformerManager  # IPython's own rewrite
+
+    source = cell_source(cell)
+    if source.startswith("%%solution"):
+        source = source.split("\n", 1)[1]
+    return TransformerManager().transform_cell(source)
+
+
 def cell_stdout(cell: dict) -> str:
     """What a code cell printed, as stored."""
     return cell_outputs(cell, "stream")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from notebook_cells import cell_by_id, cell_source, cell_stdout, read_cells
+from notebook_cells import cell_by_id, cell_python, cell_source, cell_stdout, read_cells
 
 from zbkit.schedules import Costs, build_schedule, simulate
 
@@ -185,7 +185,7 @@ def test_one_costs_for_every_schedule():
             text = cell_source(cell)
             assert "F = I = W = 0.5" not in text and "m·v·(F+I+W)" not in text, cell["id"]
             continue
-        for node in ast.walk(ast.parse(cell_source(cell))):
+        for node in ast.walk(ast.parse(cell_python(cell))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Costs":
                 times = [
                     *node.args[:3],

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from notebook_cells import cell_source, read_cells
+from notebook_cells import cell_python, cell_source, read_cells
 from torch import nn
 
 from zbkit.exercises import check
@@ -157,7 +157,7 @@ def nb02() -> dict[str, Any]:
             continue
         kept = [
             node
-            for node in ast.parse(cell_source(cell)).body
+            for node in ast.parse(cell_python(cell)).body
             if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)
         ]
         exec(compile(ast.Module(kept, []), "02_split_backward", "exec"), namespace)

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.pipelining.schedules as torch_schedules
-from notebook_cells import cell_source, read_cells
+from notebook_cells import cell_python, cell_source, read_cells
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -231,7 +231,7 @@ def nb07() -> dict[str, Any]:
             continue
         kept = [
             node
-            for node in ast.parse(cell_source(cell)).body
+            for node in ast.parse(cell_python(cell)).body
             if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)
         ]
         exec(compile(ast.Module(kept, []), "07_debugging", "exec"), namespace)
