@@ -4,8 +4,8 @@ Read from the stored outputs (a real run's; nbval re-checks the cells whose outp
 every number a markdown cell states is either set by the code beside it or checked here
 against the output (`test_every_number_in_the_prose_is_checked`); the verdicts the cells
 print agree with the tables above them; the words about the tables (which schedule pays the
-most per action, which direction a schedule marked off is off) hold for the stored run; the
-machine's reading stands beside every measured table (issue 22).
+most per action) hold for the stored run; the machine's reading stands beside every measured
+table (issue 22).
 """
 
 from __future__ import annotations
@@ -145,14 +145,6 @@ def test_each_real_verdict_is_its_ratio(cells):
     assert f"predicted within 15% of the fastest measured step: {within} of 4 schedules" in out
 
 
-def test_a_schedule_marked_off_is_slower_than_predicted(cells):
-    # "A schedule marked off had every one of its steps slowed: its fastest step is far
-    # above the prediction"
-    for name, (predicted, fastest, _, _, verdict) in _real(cells).items():
-        if verdict != "within 15%":
-            assert fastest > predicted / (1 - TOLERANCE), name
-
-
 def test_measured_numbers_say_how_busy_the_machine_was(cells):
     note = re.compile(r"(machine busy|machine quiet|ranks share cores): load [\d.]+ on \d+ "
                       r"cores, (\d) ranks")  # fmt: skip
@@ -231,4 +223,4 @@ def test_the_real_run_profiles_on_one_thread_as_the_ranks_compute(cells):
     assert "torch.set_num_threads(1)" in source  # "on one thread: each rank computes on one"
     assert "profiled 6 layers" in cell_stdout(cell_by_id(cells, "real-model"))
     measured = cell_source(cell_by_id(cells, "real-measure"))
-    assert "for _ in range(2):" in measured and 'timing="fastest"' in measured  # "runs twice"
+    assert "for _ in range(3):" in measured and 'timing="fastest"' in measured  # "three times"
