@@ -23,7 +23,10 @@ EXPECTED = [
     "07_debugging",
     "08_torch_pipelining",
     "09_plan_your_run",
+    "10_inside_zb_auto",
 ]
+# optional last notebooks (issue 36): the internals, no exercises; they end with their recap
+APPENDICES = {"10_inside_zb_auto"}
 # notebooks that start a %zb_start cluster (08 uses launch(), whose ranks end with the call)
 MULTIPROCESS = {"05_running_pipelines", "06_ddp_and_accumulation", "07_debugging"}
 IGNORE_TAG, RAISES_TAG = "nbval-ignore-output", "raises-exception"
@@ -39,9 +42,9 @@ def _ignored(cell: dict) -> bool:
     return "NBVAL_IGNORE_OUTPUT" in lines or IGNORE_TAG in cell["metadata"].get("tags", [])
 
 
-def test_the_nine_notebooks_and_nothing_else() -> None:
+def test_the_notebooks_and_nothing_else() -> None:
     found = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
-    assert found == EXPECTED, f"notebooks/ holds {found}, issues 8, 14 and 35 list {EXPECTED}"
+    assert found == EXPECTED, f"notebooks/ holds {found}, issues 8, 14, 35 and 36 list {EXPECTED}"
 
 
 @pytest.mark.parametrize("name", EXPECTED)
@@ -70,6 +73,10 @@ def test_notebook_draws_and_ends_with_exercises(name: str) -> None:
         if {"image/png", "image/svg+xml"} & set(o.get("data", {}))
     ]
     assert drawings, f"{name}: no drawing among the stored outputs"
+    if name in APPENDICES:  # no exercises: the recap is the last cell
+        last = cell_source(nb["cells"][-1])
+        assert last.startswith("## Recap"), f"{name}: an appendix ends with its recap"
+        return
     # the exercises: a numbered list under "## Exercises" in the last cell, or (issue 22)
     # "## Exercises" followed only by exercise cells: "**Exercise N.**", its check cell, its
     # solution cell

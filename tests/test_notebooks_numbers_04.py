@@ -111,3 +111,87 @@ def test_04_planner_says_what_the_measured_peaks_showed():
         assert "here it has nothing to say about bytes" in text
     found = re.search(r"measured on rank 0: .*, ([\d.]+x)$", printed, flags=re.M)
     assert found and f"peaks at {found.group(1)} ZB-H1's" in text
+
+
+# ---------------------------------------------------------------------- 04: every figure said
+def _text_after(cells: list[dict], holding: str) -> tuple[str, str]:
+    """What the cell holding `holding` printed, and the markdown right after it (one line)."""
+    i = cell_index(cells, holding)
+    return cell_stdout(cells[i]), " ".join(cell_source(cells[i + 1]).split())
+
+
+def test_04_first_table_bullets():
+    printed, text = _text_after(
+        read_notebook("04_memory")["cells"], "peak memory per rank (rank-microbatches)"
+    )
+    peaks = {}
+    for line in printed.splitlines()[1:]:
+        name, _, rest = line.split(maxsplit=2)
+        peaks[name] = [float(x) for x in rest.strip("[]").split(",")]
+    assert f"({peaks['zb-h2'][0]:g} against {peaks['1f1b'][0]:g})" in text  # "7 against 4"
+    assert peaks["zb-v"] == [peaks["1f1b"][0]] * 4 and f"Its {peaks['zb-v'][0]:g} are" in text
+
+
+def _frontier(cells: list[dict]) -> tuple[dict[str, list[tuple[float, float]]], str]:
+    printed, text = _text_after(cells, "of zb-auto's curves, only their frontier points")
+    listing: dict[str, list[tuple[float, float]]] = {}
+    for line in printed.splitlines()[1:]:
+        label, memory, bubble = re.match(
+            r"(.+?)\s+(?:limit \S+\s+)?memory ([\d.]+)\s+bubble\s+([\d.]+)%", line
+        ).groups()
+        listing.setdefault(label, []).append((float(memory), float(bubble)))
+    return listing, text
+
+
+def test_04_frontier_bullets_tell_the_listing():
+    listing, text = _frontier(read_notebook("04_memory")["cells"])
+
+    def one(name: str) -> tuple[float, float]:
+        (point,) = listing[name]
+        return point
+
+    def auto_v(memory: float) -> float:
+        return next(b for x, b in listing["zb-auto (v)"] if x == memory)
+
+    at_4 = [one(n)[1] for n in ("1f1b", "zb-h1", "interleaved-zb", "zb-v")] + [auto_v(4)]
+    assert all(one(n)[0] == 4 for n in ("1f1b", "zb-h1", "interleaved-zb", "zb-v"))
+    said = [f"{b:.1f}%" for b in at_4]
+    assert (
+        f"from {said[0]} (1F1B) to {said[1]} (ZB-H1), {said[2]} (interleaved ZB), "
+        f"{said[3]} (ZB-V) and {said[4]} (zb-auto, V)"
+    ) in text
+    assert at_4 == sorted(at_4, reverse=True)  # "falls"
+    h2 = one("zb-h2")
+    same = next(x for x, b in listing["zb-auto (v)"] if abs(b - h2[1]) < 1e-9)
+    assert f"gets with {same:g}" in text and f"needs {h2[0]:g} for {h2[1]:.1f}%" in text
+    half = one("v-half")
+    assert half[1] > auto_v(half[0]) and half[1] - auto_v(half[0]) < 1  # "just above"
+    assert f"V-Half ({half[0]:g}, {half[1]:.1f}%) sits just above" in text
+    assert f"at the same memory ({auto_v(half[0]):.1f}%)" in text
+    dual, zbv = one("dualpipev"), one("zb-v")
+    assert dual[0] > zbv[0] and dual[1] > zbv[1]  # "slower than ZB-V with more memory"
+
+
+def test_04_v_family_shares_of_zb_v_memory():
+    cells = read_notebook("04_memory")["cells"]
+    printed, text = _text_after(cells, 'rows.append(("dualpipev", hides))')
+    rows = {}
+    for line in printed.splitlines()[1:]:
+        name, overlap, _, bubble, share, *_ = line.split()
+        rows[name, float(overlap)] = (bubble, float(share))
+    half, least, zbv = rows["v-half", 0.0], rows["v-min", 0.0], rows["zb-v", 0.0]
+    assert zbv[1] == 1
+    assert f"hold {half[1]:g} and {least[1]:g} of ZB-V's memory" in text
+    assert f"bubbles of {half[0]} and {least[0]} against ZB-V's {zbv[0]}" in text
+    assert "1/3" not in text and "1/2" not in text  # the old words the table contradicted
+
+
+def test_04_profile_and_gap_words():
+    cells = read_notebook("04_memory")["cells"]
+    printed, text = _text_after(cells, "embedding and head: {ends")
+    share = re.search(r"embedding and head: (\d+%) of the parameters", printed).group(1)
+    assert f"hold {share} of the parameters" in text
+    # no measured time in any markdown cell (timings live in notebook 10, printed)
+    for c in cells:
+        if c["cell_type"] == "markdown":
+            assert not re.search(r"\d+(\.\d+)? ?s\b(?! of)", cell_source(c)), cell_source(c)

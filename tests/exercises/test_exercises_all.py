@@ -16,7 +16,12 @@ from notebook_cells import NOTEBOOKS, cell_source, read_cells
 
 from zbkit.exercises import EXERCISES, all_exercises, check
 
-BOOKS = {p.name[:2]: p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))}
+APPENDICES = {"10"}  # optional last notebooks, the internals: no exercises (issue 36)
+BOOKS = {
+    p.name[:2]: p
+    for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if p.name[:2] not in APPENDICES
+}
 KEYS = list(all_exercises())
 
 

@@ -63,13 +63,21 @@ def zb_h1_peaks_when_w_holds_all(answer: Any) -> tuple[bool, str]:
             "I and W in one action, so nothing is ever held between them."
         )
     if _same(got, before):
-        return False, "those are the peaks with mem_weight = 0.3: simulate with mem_weight=1.0"
+        return False, (
+            "those are the peaks with mem_weight = 0.3. With mem_weight = mem_activation an I "
+            "frees nothing, so a microbatch stays held from its F until its W, not its I: "
+            "the ranks where ZB-H1 runs its Ws late hold more"
+        )
     if _same(got, _peaks("1f1b", heavy)):
-        return False, "1F1B's peaks: ZB-H1 splits the backward, and its Ws run later than a B"
+        return False, (
+            "1F1B's peaks: its B frees a microbatch at once, but ZB-H1 splits it, and with an I "
+            "that frees nothing a microbatch is held until its W, which ZB-H1 runs late"
+        )
     wrong = [r for r, (g, w) in enumerate(zip(got, want, strict=True)) if abs(g - w) >= 1e-6]
     return False, (
-        f"rank {wrong[0]}'s peak is not {got[wrong[0]]:g}: count the microbatches whose F has "
-        "run and whose W has not, or read simulate(...).peak_memory"
+        f"rank {wrong[0]}'s peak is not {got[wrong[0]]:g}. An I frees nothing now, so a rank "
+        "holds every microbatch whose F has run and whose W has not: count them where the "
+        "rank holds most, or read simulate(...).peak_memory"
     )
 
 
@@ -104,7 +112,11 @@ def smallest_auto_limit(answer: Any) -> tuple[bool, str]:
     if refused:
         return False, f"under {answer:g} zb-auto builds nothing; it says: {refused}"
     if answer > least + 0.01:
-        return False, f"{answer:g} builds, but so does a smaller limit: go lower, to its error"
+        return False, (
+            f"{answer:g} builds, but so does a smaller limit: a rank can always run a "
+            "microbatch's W before its next F, so it needs room only for what one microbatch "
+            "holds at once. Lower the limit until zb-auto refuses, and read why"
+        )
     sim = simulate(
         build_schedule("zb-auto", pp=P, microbatches=M, costs=SWEEP, memory_limit=answer), SWEEP
     )
@@ -173,9 +185,14 @@ def interleaved_run_peak(answer: Any) -> tuple[bool, str]:
             "rank 0's share of the model, so weigh each by half (one Costs does that)"
         )
     if abs(answer - _peaks("1f1b", EQUAL)[0]) < 1e-6:
-        return False, f"{answer:g} is 1F1B's rank-0 peak; interleaving runs more forwards first"
+        return False, (
+            f"{answer:g} is 1F1B's rank-0 peak. Interleaving's warm-up runs forwards on both "
+            "of a rank's chunks before its first backward, more than 1F1B's p - r, so it "
+            "holds more"
+        )
     return False, (
-        f"not {answer:g}: run it (LocalPipeline with {len(chunks) * 2} Stages) and read "
+        f"not {answer:g}: rank 0 holds the microbatches of both its chunks, each half a "
+        f"rank's share. Run it (LocalPipeline with {len(chunks) * 2} Stages) and read "
         "pipe.trace.peak_for(Costs(mem_activation=1.0, mem_weight=0.3))[0]"
     )
 
@@ -206,16 +223,20 @@ def where_the_sweep_stops(answer: Any) -> tuple[bool, str]:
             f"p = {pp} it is {bubble[pp]:.2%}"
             + (", and it falls at every step until then" if steady else "")
             + (f" ({bubble[stops - 1]:.2%} at {stops - 1})" if stops > pp else "")
-            + ". ZB-H2 holds "
+            + ". With room for 2p - 1 forwards rank 0 keeps working through microbatch 0's "
+            "trip down the pipeline and back, so nothing is left to fill. ZB-H2 holds "
             f"{max(h2.peak_memory):g} for a bubble of {h2.bubble_rate:.2%}: with these costs "
             "the search does better with the same memory."
         )
     if answer > stops:
         return False, (
             f"at {answer} the bubble is {bubble[answer]:.2%}, no lower than at {answer - 1}: "
-            "it stopped falling before"
+            "it stopped falling before. More memory helps only while there is a bubble left "
+            "for extra warm-up forwards to fill"
         )
     return False, (
         f"at {answer} the bubble is {bubble[answer]:.2%}, and it still falls after "
-        f"({min(bubble.values()):.2%} further on)"
+        f"({min(bubble.values()):.2%} further on): each more unit of memory lets a rank run "
+        "one more forward before its first backward, filling part of the bubble, until none "
+        "is left"
     )
