@@ -1,7 +1,8 @@
 """What every exercise of every notebook shares: a check cell that waits for an answer, a
-folded worked solution that computes its answer and is judged right, a verdict that says
-what to give when no answer is given, and checkers that leave the learner's random stream
-alone. (Each checker's own right and wrong answers are tested beside its notebook's.)
+worked solution under the ``%%solution`` magic that computes its answer, is judged right and
+shows it only inside a closed fold, a verdict that says what to give when no answer is given,
+and checkers that leave the learner's random stream alone. (Each checker's own right and
+wrong answers are tested beside its notebook's.)
 """
 
 from __future__ import annotations
@@ -62,15 +63,21 @@ def test_every_exercise_has_a_waiting_check_and_a_folded_solution_judged_right(n
             assert f'check("{key}", answer)' in cell_source(cell), f"{key}: {cell_source(cell)}"
         assert "answer = None" in cell_source(checking), key
         assert "not answered yet" in json.dumps(checking["outputs"]), key
-        assert cell_source(solution).startswith("# Worked solution (expand to read)\n"), key
+        head, body = cell_source(solution).split("\n", 1)
+        assert head == "%%solution" and body.startswith("# Worked solution (expand to read)\n")
         folded = solution["metadata"].get("jupyter", {})
         assert folded.get("source_hidden") is True and folded.get("outputs_hidden") is True, key
         assert "solution" in solution["metadata"].get("tags", []), key
-        assert f"exercise {key}: right." in json.dumps(solution["outputs"]), key
+        # all it shows is one closed fold, the verdict inside (a Run All leaves it folded)
+        (shown,) = solution["outputs"]
+        page = "".join(shown["data"]["text/html"])
+        assert page.startswith("<details ") and "<details open" not in page, key
+        assert page.rstrip().endswith("</details>"), key
+        assert f"exercise {key}: right." in page, key
         # the solution works its answer out: no `answer = <a literal>`
         assigned = [
             n.value
-            for n in ast.walk(ast.parse(cell_source(solution)))
+            for n in ast.walk(ast.parse(body))
             if isinstance(n, ast.Assign)
             and any(getattr(t, "id", "") == "answer" for x in n.targets for t in ast.walk(x))
         ]
