@@ -8,6 +8,7 @@ lines, so every reader joins them. Imported as `from notebook_cells import ...`:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -77,3 +78,18 @@ def next_cell(cells: list[dict], cell: dict, kind: str = "markdown") -> dict:
     """The first cell of `kind` after `cell`: for "markdown", the text read under an output."""
     i = next(i for i, c in enumerate(cells) if c is cell)
     return next(c for c in cells[i + 1 :] if c["cell_type"] == kind)
+
+
+def prose_numerals(cells: list[dict]) -> dict[str, list[str]]:
+    """Every numeral the markdown cells state outside `code`, tables and headings, by cell id
+    (cells without one left out): what a test accounts for, one by one."""
+    found = {}
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = re.sub(r"`[^`]*`", "", cell_source(cell))
+        kept = [ln for ln in text.splitlines() if not ln.startswith(("|", "#"))]
+        numerals = re.findall(r"(?<![\w.])\d+(?:\.\d+)?%?", "\n".join(kept))
+        if numerals:
+            found[cell["id"]] = numerals
+    return found

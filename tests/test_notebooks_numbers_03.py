@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from notebook_cells import cell_by_id, cell_source, cell_stdout, read_cells
+from notebook_cells import cell_by_id, cell_source, cell_stdout, prose_numerals, read_cells
 
 from zbkit.schedules import Costs, build_schedule, simulate
 
@@ -226,19 +226,8 @@ NUMERALS = {
 }
 
 
-def _numerals(text: str) -> list[str]:
-    text = re.sub(r"`[^`]*`", "", text)
-    kept = [ln for ln in text.splitlines() if not ln.startswith(("|", "#"))]
-    return re.findall(r"(?<![\w.])\d+(?:\.\d+)?%?", "\n".join(kept))
-
-
 def test_every_numeral_in_the_prose_is_accounted_for():
-    found = {
-        c["id"]: _numerals(cell_source(c))
-        for c in CELLS
-        if c["cell_type"] == "markdown" and _numerals(cell_source(c))
-    }
-    assert found == NUMERALS
+    assert prose_numerals(CELLS) == NUMERALS
     # and the words for numbers that carry a claim, each checked above
     text = " ".join(_prose(c["id"]) for c in CELLS if c["cell_type"] == "markdown")
     for claim in ("four devices do the work of one", "combine all three", "halve rank 0's idle",

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import re
 
-from notebook_cells import cell_index, cell_source, cell_stdout, find_cell, read_notebook
+from notebook_cells import (
+    cell_index,
+    cell_source,
+    cell_stdout,
+    find_cell,
+    prose_numerals,
+    read_notebook,
+)
 
 WIDGETS = "application/vnd.jupyter.widget-state+json"
 
@@ -195,3 +202,45 @@ def test_04_profile_and_gap_words():
     for c in cells:
         if c["cell_type"] == "markdown":
             assert not re.search(r"\d+(\.\d+)? ?s\b(?! of)", cell_source(c)), cell_source(c)
+
+
+# every numeral of the prose (outside `code`, tables and headings), per cell, and why it is
+# true: a value the code sets, a name, or a claim checked against the output, here or in
+# tests/exercises/test_exercises_04.py (the sweep, the frontier, the gap table, the real run)
+NUMERALS = {
+    "0452deab": ["0", "02", "03", "1"],  # rank 0, notebooks 02 and 03, mem_activation is 1
+    "6c1aa72d": ["1", "1"],  # F = I = W = 1 (the code)
+    "44843649": ["1", "0.3"],  # 1F1B; mem_weight=0.3 (the code)
+    # 1F1B; 7 against 4, ZB-V's 4: test_04_first_table_bullets; m = 8 (the code), two chunks
+    "3e4321e3": ["1", "1", "0", "7", "4", "1", "0", "4", "8"],
+    "d109deab": ["0.5", "1"],  # W = 0.5 (the code), 1F1B
+    # test_the_sweep_text_tells_its_table
+    "7561770f": ["4", "18.37%", "5", "7", "13.04%", "5", "11.11%", "6.0", "7.0", "7.3", "8"]
+    + ["5", "10", "5"],  # "a peak of 5 ... under 5", appendix 10
+    # test_04_frontier_bullets_tell_the_listing, test_the_frontier_and_v_family_bullets_...
+    "a1f0c3e4": ["2", "1", "4", "4.9", "1", "4", "27.3%", "1", "18.4%", "10.1%", "7.0%"]
+    + ["5.9%", "7", "13.0%", "3.5", "3", "19.2%", "18.4%", "4.5", "15.8%"],
+    "9a45c398": ["1", "0", "2024"],  # 1F1B, rank 0, a citation
+    # test_04_v_family_shares_of_zb_v_memory, test_04_dualpipev_is_called_what_its_numbers_show;
+    # pp=2, m=4 (the code: 2 ranks, 2p = 4 microbatches)
+    "230f8ee0": ["0.75", "0.5", "19.19%", "31.62%", "6.98%", "4.5", "4", "23.8", "21.5"]
+    + ["21.2", "21.5", "11.76%", "6.98%", "2", "2", "4"],
+    "e24gap01": ["10", "3", "1"],  # appendix 10; the limit 3 (the code), 1F1B
+    "e24gap03": ["4", "3", "27.5", "28.5"],  # test_the_gap_table_is_zb_auto_against_the_...
+    "e24byte1": ["2"],  # 2 gloo ranks (the code)
+    "e24byte3": ["78%", "2"],  # test_04_profile_and_gap_words; 2 ranks
+    # test_04_planner_says_why_the_v_holds_more_on_rank_0 (stage_to_rank's 0, 1, 1, 0 too)
+    "e24byte5": ["0", "0", "3", "0", "1", "1", "0", "1.71", "0", "4.42", "2.58", "1.87"]
+    + ["26.94", "14.38", "1", "5.44", "0", "4.06", "2"],
+    # test_04_planner_says_what_the_measured_peaks_showed
+    "e24byte7": ["0", "1%", "0.996", "8", "8", "5%", "0.956", "0.997", "0", "1.87", "5%"],
+    "fa96a1d4": ["1", "0"],  # 1F1B, rank 0 ... in the Recap's words
+    "10755c2a": ["1", "4", "0", "1", "1"],  # Exercise 1: 4 numbers, rank 0, 1F1B
+    "ae0cbe67": ["2", "4", "8"],  # Exercise 2: p = 4, m = 8 (the code)
+    "b91d7c35": ["3", "8", "4", "0"],  # Exercise 3: 8 stages on 4 ranks, rank 0
+    "7753675b": ["4", "8", "9", "16"],  # Exercise 4: its own p and limits
+}
+
+
+def test_04_every_numeral_in_the_prose_is_accounted_for():
+    assert prose_numerals(read_notebook("04_memory")["cells"]) == NUMERALS
