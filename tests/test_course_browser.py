@@ -36,6 +36,22 @@ SMALLEST = 0.8  # the least share of its natural width a picture may be shown at
 _LOAD_MS, _RUN_MS = 180_000, 600_000
 
 _JS_DIRTY = "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
+_JS_COUNTS = """() => window.jupyterapp.shell.currentWidget.content.widgets
+  .filter(c => c.model.type === 'code' && c.model.executionCount !== null)
+  .map(c => c.model.executionCount)"""
+# every error a cell shows (a raised exception, or a traceback printed to stderr), with the
+# cell's tags: a cell tagged `raises-exception` fails on purpose (JupyterLab runs on past it)
+_JS_ERRORS = r"""() => window.jupyterapp.shell.currentWidget.content.widgets.flatMap((cell, i) => {
+  if (cell.model.type !== 'code') return [];
+  const meant = (cell.model.getMetadata('tags') || []).includes('raises-exception');
+  const outs = cell.model.outputs;
+  const all = [...Array(outs.length).keys()].map(j => outs.get(j).toJSON());
+  const text = o => o.ename ? `${o.ename}: ${o.evalue}` : [].concat(o.text).join('');
+  return all
+    .filter(o => o.output_type === 'error' ||
+                 (o.name === 'stderr' && /Traceback|Error/.test(text(o))))
+    .map(o => ({cell: i, text: text(o).slice(0, 200), expected: meant}));
+})"""
 # every element whose own text is a solution's verdict, and whether a learner sees it
 _JS_VERDICTS = r"""() => {
   const out = [];
@@ -75,6 +91,10 @@ def _open(page, book: str) -> None:
 
 
 def _run_all(page) -> None:
+    """Clear the stored outputs first: what the page shows after is this run's, and the wait
+    ends only when every code cell has run (a cell left unrun keeps no count)."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    assert page.evaluate(_JS_COUNTS) == [], "clearing the outputs left execution counts"
     page.evaluate("() => window.jupyterapp.commands.execute('runmenu:run-all')")
     page.wait_for_function(JS_DONE, timeout=_RUN_MS, polling=1000)
 
@@ -94,17 +114,27 @@ def _screens(page, book: str) -> int:
 @pytest.mark.parametrize("book", BOOKS)
 def test_a_learner_runs_the_notebook(page, book: str) -> None:
     _open(page, book)
+    try:
+        _learner_runs(page, book)
+    finally:  # the next notebook opens on a clean page, whatever failed here
+        _close(page)
+
+
+def _learner_runs(page, book: str) -> None:
     page.wait_for_timeout(2000)  # the kernel's info arrives: a stale kernelspec would show now
     assert page.evaluate(_JS_DIRTY) is False, f"{book} is marked modified on opening"
     _run_all(page)
-    errors = page.locator('[data-mime-type="application/vnd.jupyter.stderr"]').all_inner_texts()
-    assert not [e for e in errors if "Traceback" in e or "Error" in e], errors
+    errors = page.evaluate(_JS_ERRORS)
+    assert not [e for e in errors if not e["expected"]], errors
+    # a cell that fails on purpose did fail, as the lesson says it does
+    meant = [i for i, c in enumerate(read_cells(book)) if "raises-exception" in _tags(c)]
+    assert sorted({e["cell"] for e in errors}) == meant, (meant, errors)
 
     verdicts = page.evaluate(_JS_VERDICTS)
     shown = [v["text"] for v in verdicts if v["shown"]]
     assert not shown, f"{book}: solution verdicts visible after Run All: {shown}"
     folds = page.locator(".jp-OutputArea-output details > summary")
-    solutions = sum("solution" in c["metadata"].get("tags", []) for c in read_cells(book))
+    solutions = sum("solution" in _tags(c) for c in read_cells(book))
     assert len(verdicts) == folds.count() == solutions, f"{book}: one fold per worked solution"
     if solutions:  # a learner asks for the first solution: now it shows
         folds.first.click()
@@ -114,7 +144,10 @@ def test_a_learner_runs_the_notebook(page, book: str) -> None:
     small = [p for p in page.evaluate(_JS_PICTURES) if p["shown"] < SMALLEST * p["natural"]]
     assert not small, f"{book}: pictures shown below {SMALLEST:.0%} of their size: {small}"
     print(f"{book}: {_screens(page, book)} screenshots in {SHOTS}")
-    _close(page)
+
+
+def _tags(cell: dict) -> list[str]:
+    return cell["metadata"].get("tags", [])
 
 
 def _close(page) -> None:
