@@ -96,7 +96,8 @@ def test_compare_puts_the_prediction_beside_the_run_and_says_where_they_differ()
         assert f"{rank.peak_bytes / 2**20:.2f}" in text.splitlines()[2 + r]
     tight = planner.compare(pred, got, bytes_tolerance=0.0, seconds_tolerance=0.0)
     assert len(tight.notes()) == 3 and "rank 0: predicted" in tight.notes()[0]
-    loose = planner.compare(pred, got, bytes_tolerance=10.0, seconds_tolerance=10.0)
+    # no bound on time: a profile taken while the host is crowded can be 20x the run's
+    loose = planner.compare(pred, got, bytes_tolerance=10.0, seconds_tolerance=1e9)
     assert loose.notes() == [] and "within the tolerances" in str(loose)
     assert "<table>" in both._repr_html_() and both._repr_html_().count("<tr>") == 3
     other = planner.predict(prof, "1f1b", pp=2, microbatches=M, stages=[[0], [1, 2]])
@@ -119,6 +120,11 @@ def test_compare_puts_the_prediction_beside_the_run_and_says_where_they_differ()
     assert len(fig.axes) == 2
     dashed = [line for line in fig.axes[1].get_lines() if line.get_linestyle() == "--"]
     assert dashed[0].get_ydata()[0] == pytest.approx(got.ranks[1].peak_bytes / 2**20)
+    # one time axis; the legend above the first rank's plot, off its curves
+    assert fig.axes[0].get_shared_x_axes().joined(fig.axes[0], fig.axes[1])
+    fig.canvas.draw()
+    legend, first = fig.axes[0].get_legend().get_window_extent(), fig.axes[0].get_window_extent()
+    assert legend.y0 >= first.y1 and legend.y1 <= fig.bbox.y1, (legend, first, fig.bbox)
 
 
 @pytest.mark.multiprocess

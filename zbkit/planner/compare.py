@@ -106,7 +106,10 @@ class Comparison:
         import matplotlib.pyplot as plt
 
         sim, ranks = self.prediction.simulation, self.prediction.ranks
-        fig, axes = plt.subplots(len(ranks), 1, figsize=(8, 1.8 * len(ranks)), squeeze=False)
+        # one time axis for every rank, so a learner reads across ranks at the same moment
+        fig, axes = plt.subplots(
+            len(ranks), 1, figsize=(8, 1.8 * len(ranks)), sharex=True, squeeze=False
+        )
         for r, ax in enumerate(axes[:, 0]):
             base = ranks[r].parameters + ranks[r].optimizer
             steps = sim.memory[r]
@@ -116,7 +119,9 @@ class Comparison:
             measured = self.measured.ranks[r].peak_bytes / 2**20
             ax.axhline(measured, color="C3", ls="--", label="measured peak")
             ax.set_ylabel(f"rank {r}\nMiB")
-        axes[0, 0].legend(loc="lower right", fontsize=8)
+        # above the first rank, in a row: inside, it hid the curve it names
+        axes[0, 0].legend(loc="lower left", bbox_to_anchor=(0, 1.02), ncol=3, fontsize=8,
+                          frameon=False, borderaxespad=0)  # fmt: skip
         axes[-1, 0].set_xlabel("ms into the step")
         fig.tight_layout()
         plt.close(fig)
