@@ -52,12 +52,16 @@ def test_each_rank_starts_with_its_parameters_and_state_and_peaks_above_them_wit
         assert len(rank.samples) == 2 and rank.seconds > 0
     assert got.step_seconds == max(r.seconds for r in got.ranks)
     steps = [max(a, b) for a, b in zip(got.ranks[0].samples, got.ranks[1].samples, strict=True)]
-    assert got.fastest_step_seconds == min(steps) <= got.step_seconds
+    # (not held to step_seconds, a median per rank: with the ranks' slow steps apart, the
+    # fastest step, each as long as its slowest rank, can exceed every rank's median)
+    assert got.fastest_step_seconds == min(steps)
     # the last timed step's trace, every rank's: the program it ran, action for action
     ran = {r: [f"{e.stage}{e.kind}{e.microbatch}" for e in got.trace.events if e.rank == r]
            for r in (0, 1)}  # fmt: skip
     assert ran == {r: [str(a) for a in got.program.program[r]] for r in (0, 1)}
-    assert 0 < got.trace.makespan <= got.step_seconds
+    # that step, not the median: each rank's actions lie inside its own last sample, and the
+    # two ranks' steps overlap (each waits on the other), so the merged span is at most both
+    assert 0 < got.trace.makespan <= sum(r.samples[-1] for r in got.ranks)
 
 
 def test_what_cannot_be_measured_is_named_before_a_rank_starts():
