@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# every numbered notebook's name, in course order, the appendix included
+BOOKS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
 def read_notebook(name: str) -> dict:

@@ -21,13 +21,12 @@ from pathlib import Path
 import pytest
 from chromium import chromium, require_chromium
 from lab_server import JS_DONE, JS_READY, TOKEN, api, lab
-from notebook_cells import NOTEBOOKS, read_cells
+from notebook_cells import BOOKS, NOTEBOOKS, read_cells
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).parent.parent
 SHOTS = REPO / "screenshots" / "course"
-BOOKS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 VIEWPORT = {"width": 1400, "height": 1000}
 SMALLEST = 0.8  # the least share of its natural width a picture may be shown at
 

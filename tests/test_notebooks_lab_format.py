@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
-from notebook_cells import NOTEBOOKS, read_notebook
-
-BOOKS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+from notebook_cells import BOOKS, read_notebook
 
 
 @pytest.mark.parametrize("book", BOOKS)

@@ -4,8 +4,8 @@ issue 36 sets a lesson against ("at most about 1,800 words of prose").
     .venv/bin/python tools/prose_words.py              # the working tree
     .venv/bin/python tools/prose_words.py 4d195a8      # the working tree beside that commit
 
-A word is what `tests/test_notebooks_course_form.py` counts: a run of letters, digits and
-``'.-_`` starting with a letter or digit, so `zb-h1` and `1.85` are one word each.
+A word (`WORD`) is a run of letters, digits and ``'.-_`` starting with a letter or digit, so
+`zb-h1` and `1.85` are one word each; `tests/test_notebooks_course_form.py` counts with it.
 """
 
 from __future__ import annotations
